@@ -1,0 +1,86 @@
+"""The cluster as the placement engine sees it: immutable values, no I/O.
+
+The background collector builds a new `Snapshot` every refresh; the request path only reads it.
+Memory is always MiB, cores always percent of one device (HAMi's unit), utilisation percent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+
+class Freshness(str, Enum):
+    """How much a node's state can be trusted (the degradation modes act on this)."""
+
+    FRESH = "fresh"  # answered within the last refresh
+    STALE = "stale"  # last known state, kept by the aggressive degradation mode
+    UNKNOWN = "unknown"  # never answered, or breaker open under the conservative mode
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU and everything placement needs to know about it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_total_mib: int
+    memory_used_mib: int = 0  # really in use, per NVML
+    memory_promised_mib: int = 0  # promised to bound pods (pod watch), excluding reservations
+    cores_promised: int = 0  # sum of gpucores percent promised to bound pods
+    pods: int = 0  # pods sharing this device
+    utilisation: float | None = None  # percent, from Prometheus; None when unknown
+    temperature_c: float | None = None
+    ecc_uncorrected: int | None = None  # None when ECC is off or unreadable
+    healthy: bool = True  # the agent's own verdict (NVML errors, XID, ...)
+    workload_types: frozenset[str] = frozenset()  # e.g. {"training"} of pods already on it
+
+    @property
+    def effective_free_mib(self) -> int:
+        """Free memory that can be promised: total minus the larger of promised and really used.
+
+        Taking the max is the point of the whole project: a card can look free by what was
+        promised while an unaccounted process already filled it (the opening incident).
+        """
+        return max(0, self.memory_total_mib - max(self.memory_promised_mib, self.memory_used_mib))
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpus: tuple[Gpu, ...]
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    freshness: Freshness = Freshness.FRESH
+    observed_at: float = 0.0  # unix time of the agent answer this state came from
+    reason: str = ""  # why the node is stale/unknown (breaker open, timeout, ...)
+    # Free host CPU and memory; None where the webhook does not track them (kube-scheduler does).
+    # The trace replay sets them, since the study's protocol requires CPU and memory to fit.
+    cpu_milli_free: int | None = None
+    memory_mib_free: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent view of the cluster. Replaced whole, never mutated."""
+
+    nodes: tuple[Node, ...]
+    taken_at: float = 0.0
+    utilisation_known: bool = True  # False while Prometheus is unreachable
+    version: int = 0  # increases with every snapshot the collector publishes
+    _by_name: Mapping[str, Node] = field(default=MappingProxyType({}), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", MappingProxyType({n.name: n for n in self.nodes}))
+
+    def node(self, name: str) -> Node | None:
+        return self._by_name.get(name)
+
+    @property
+    def largest_card_mib(self) -> int:
+        return max((g.memory_total_mib for n in self.nodes for g in n.gpus), default=0)
+
+
+EMPTY_SNAPSHOT = Snapshot(nodes=(), taken_at=0.0, version=0)
