@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 
-class Freshness(str, Enum):
+class Freshness(StrEnum):
     """How much a node's state can be trusted (the degradation modes act on this)."""
 
     FRESH = "fresh"  # answered within the last refresh
