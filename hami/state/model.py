@@ -84,3 +84,32 @@ class Snapshot:
 
 
 EMPTY_SNAPSHOT = Snapshot(nodes=(), taken_at=0.0, version=0)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """What is promised on one device beyond the snapshot: the ledger's pending reservations.
+
+    Placement adds this overlay to the snapshot's figures, so a burst of admissions between two
+    snapshots cannot promise the same memory twice.
+    """
+
+    memory_mib: int = 0
+    cores: int = 0
+    pods: int = 0
+    workload_types: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationItem:
+    """One device's share of a pod's reservation. `capacity_mib`/`capacity_cores` are what the
+    deciding replica saw as promisable on that device (total minus max(promised, used)); the
+    ledger refuses a reservation that would push its own sum past them."""
+
+    node: str
+    uuid: str
+    memory_mib: int
+    cores: int
+    capacity_mib: int
+    capacity_cores: int = 100
+    workload_type: str = ""
