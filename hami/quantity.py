@@ -41,6 +41,8 @@ def parse_quantity(value: object) -> Fraction:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):  # NaN or infinite (JSON "Infinity")
+            raise QuantityError(f"{value!r} is not a finite quantity")
         return Fraction(value).limit_denominator(10**9)
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity (expected a string such as '8Gi' or '2')")
