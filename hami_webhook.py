@@ -85,9 +85,16 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from hami.config_doc import documented_yaml, reference_table
     from hami.settings_loader import to_plain
 
-    print(yaml.safe_dump(to_plain(_load_config(args)), sort_keys=False), end="")
+    cfg = _load_config(args)
+    if args.documented:
+        print(documented_yaml(cfg), end="")
+    elif args.reference:
+        print(reference_table(cfg))
+    else:
+        print(yaml.safe_dump(to_plain(cfg), sort_keys=False), end="")
     return 0
 
 
@@ -136,6 +143,10 @@ def parser() -> argparse.ArgumentParser:
     drill.set_defaults(func=cmd_drill)
 
     dump = with_config(sub.add_parser("config", help="print the effective configuration"))
+    dump.add_argument(
+        "--documented", action="store_true", help="as YAML with every key's comment (config/webhook.yaml)"
+    )
+    dump.add_argument("--reference", action="store_true", help="as a Markdown table (the README's reference)")
     dump.set_defaults(func=cmd_config)
     return top
 

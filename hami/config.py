@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 import yaml
 
+from hami.placement.settings import PlacementSettings
 from hami.settings_loader import SettingsError, build
+from hami.state.settings import StateSettings
+from hami.validation.settings import ValidationSettings
 
 ENV_PREFIX = "HAMI_"
 POLICY_SECTIONS = ("validation", "placement", "mutation")
@@ -24,6 +27,8 @@ POLICY_SECTIONS = ("validation", "placement", "mutation")
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
+    """The HTTPS listener and the answers of last resort."""
+
     listen: str = "127.0.0.1:8443"  # HOST:PORT of the HTTPS listener
     state_dir: str = ".state"  # self-generated certificates live here
     max_body_bytes: int = 3 * 1024 * 1024  # kube-apiserver sends at most 3 MiB objects
@@ -41,6 +46,8 @@ class ServerSettings:
 
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
+    """Serving certificate (reloaded in place when the files change) and optional client verification."""
+
     cert_file: str = ""  # empty: generate a CA and serving certificate into server.state_dir
     key_file: str = ""
     client_ca: str = ""  # PEM bundle; when set, clients (kube-apiserver) must present a certificate it signed
@@ -55,34 +62,40 @@ class TlsSettings:
 
 @dataclass(frozen=True, slots=True)
 class LoggingSettings:
+    """One JSON line per admission decision, on stdout."""
+
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "json"
 
 
 @dataclass(frozen=True, slots=True)
 class MutationSettings:
+    """How a placement decision is written into the pod, and what happens when nothing fits."""
+
     placement: Literal["pin", "shortlist"] = "pin"  # pin: one node + devices; shortlist: top-K nodes, no devices
     shortlist_k: int = 3
     on_no_fit: Literal["deny", "allow", "queue"] = "deny"
     allow_priority_at_or_above: int = 1_000_000_000  # such pods get `allow` so kube-scheduler can preempt
     hands_off_schedulers: tuple[str, ...] = ("hami-scheduler", "volcano")  # placement left to them
-    reservation_ttl_s: float = 120.0  # a reservation not confirmed by the pod watch expires after this
     scheduling_gate: str = "hami.io/gpu-capacity"  # the gate `queue` adds and the collector removes
     topology_key: str = "kubernetes.io/hostname"
 
     def check(self) -> None:
         if self.shortlist_k < 1:
             raise ValueError("shortlist_k: must be at least 1")
-        if self.reservation_ttl_s <= 0:
-            raise ValueError("reservation_ttl_s: must be positive")
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """The whole configuration."""
+
     server: ServerSettings = field(default_factory=ServerSettings)
     tls: TlsSettings = field(default_factory=TlsSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    validation: ValidationSettings = field(default_factory=ValidationSettings)
+    placement: PlacementSettings = field(default_factory=PlacementSettings)
     mutation: MutationSettings = field(default_factory=MutationSettings)
+    state: StateSettings = field(default_factory=StateSettings)
 
 
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:

@@ -39,6 +39,8 @@ def parse_quantity(value: object) -> Fraction:
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int):
+        if abs(value) > 2**63:
+            raise QuantityError(f"{value} is out of range for a quantity")
         return Fraction(value)
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):  # NaN or infinite (JSON "Infinity")
@@ -50,6 +52,10 @@ def parse_quantity(value: object) -> Fraction:
     if not match:
         raise QuantityError(f"{value!r} is not a quantity (expected e.g. '8Gi', '500m', '2')")
     number, exponent, suffix = match.groups()
+    # Bounds far beyond any real quantity (Kubernetes keeps them in int64) keep a hostile value
+    # ("1e999999999", a 10,000-digit number) from costing seconds of CPU on the request path.
+    if len(number) > 40 or (exponent and abs(int(exponent[1:])) > 40):
+        raise QuantityError(f"{value[:50]!r} is out of range for a quantity")
     amount = Fraction(number)
     if exponent:
         amount *= Fraction(10) ** int(exponent[1:])

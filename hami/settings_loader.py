@@ -128,7 +128,7 @@ def build(cls: type[T], data: Any, prefix: str = "") -> T:
 def to_plain(value: Any) -> Any:
     """Settings back to plain data (for `config --dump` and tests)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, Mapping):

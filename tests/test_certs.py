@@ -38,8 +38,12 @@ def test_bundle_is_ecdsa_p256_with_service_sans(tmp_path: Path) -> None:
     assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
     assert cert.public_key().curve.name == "secp256r1"
     dns, ips = _san(cert)
-    assert {"localhost", "hami-webhook.hami-system.svc", "hami-webhook.hami-system.svc.cluster.local",
-            "webhook.example.com"} <= dns
+    assert {
+        "localhost",
+        "hami-webhook.hami-system.svc",
+        "hami-webhook.hami-system.svc.cluster.local",
+        "webhook.example.com",
+    } <= dns
     assert {"127.0.0.1", "10.0.0.7"} <= ips
     assert cert.issuer == ca.subject
     ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm))
@@ -62,8 +66,21 @@ def test_self_signed_is_reused_then_reissued_when_names_change(tmp_path: Path) -
 def test_certs_command_writes_files_and_prints_ca_bundle(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "hami_webhook.py"), "certs", "--service", "hw", "--namespace", "gpu", "--out", str(out)],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "hami_webhook.py"),
+            "certs",
+            "--service",
+            "hw",
+            "--namespace",
+            "gpu",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     )
     assert base64.b64decode(result.stdout.strip()) == (out / "ca.pem").read_bytes()
     dns, _ = _san(certs.load_cert(out / "tls.crt"))

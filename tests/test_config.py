@@ -28,6 +28,13 @@ def test_documented_file_equals_embedded_defaults() -> None:
         assert set(raw[section]) == set(values), f"every key of {section} is documented"
 
 
+def test_documented_file_is_generated_from_the_code() -> None:
+    """Regenerate with: python hami_webhook.py config --documented > config/webhook.yaml"""
+    from hami.config_doc import documented_yaml
+
+    assert (ROOT / "config" / "webhook.yaml").read_text() == documented_yaml()
+
+
 def test_env_overrides_file_and_keep_types(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("server:\n  listen: 127.0.0.1:9000\nmutation:\n  shortlist_k: 2\n")
@@ -73,7 +80,10 @@ def test_invalid_config_stops_start_up_with_the_key(tmp_path: Path) -> None:
     path.write_text("server:\n  on_internal_error: sometimes\n")
     result = subprocess.run(
         [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "server.on_internal_error" in result.stderr
@@ -106,7 +116,11 @@ async def test_policy_hot_reload_good_then_bad(tmp_path: Path) -> None:
 def test_config_command_prints_effective_config() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "hami_webhook.py"), "config"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60, env={"HAMI_SERVER__LISTEN": "0.0.0.0:9443", "PATH": ""},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={"HAMI_SERVER__LISTEN": "0.0.0.0:9443", "PATH": ""},
     )
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["server"]["listen"] == "0.0.0.0:9443"

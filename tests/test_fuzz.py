@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from tests.webhook_fixture import gpu_container, pod, review_of, running_webhook
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=12)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=12)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
@@ -23,8 +25,14 @@ json_values = st.recursive(
 SEEDS = [
     review_of(pod()),
     review_of(pod(containers=[gpu_container(**{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8192})])),
-    review_of({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
-               "spec": {"template": {"metadata": {}, "spec": {"containers": [{"name": "a", "image": "x"}]}}}}),
+    review_of(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d"},
+            "spec": {"template": {"metadata": {}, "spec": {"containers": [{"name": "a", "image": "x"}]}}},
+        }
+    ),
     review_of(pod(), operation="UPDATE", old=pod()),
 ]
 

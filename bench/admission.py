@@ -1,0 +1,356 @@
+"""Admission load: hami-webhook against a null aiohttp handler with the same TLS/loop/JSON stack.
+
+    python bench/admission.py --workload plain --seconds 10
+    python bench/admission.py --nodes 1213 --workload gpu --ledger memory --seconds 10 --json
+
+The server under test runs in its own process pinned to one core (core 0 where the machine has
+more than one); the load generator runs in another process on the other core: wrk with a Lua
+script when it is installed (closed loop, fixed concurrency), else an aiohttp client (also the
+only choice for the fixed-rate mode, `--rate`). Prints req/s, p50/p90/p99, CPU time per admission
+(from /proc: the server's utime+stime over the run), resident memory and the ratio to the null
+handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PLAIN_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+    "spec": {
+        "containers": [
+            {
+                "name": "nginx",
+                "image": "nginx:1.27",
+                "ports": [{"containerPort": 80}],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            }
+        ]
+    },
+}
+GPU_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"generateName": "infer-", "namespace": "default"},
+    "spec": {
+        "containers": [
+            {
+                "name": "infer",
+                "image": "nvcr.io/nvidia/tritonserver:24.05-py3",
+                "resources": {"limits": {"nvidia.com/gpu": 1, "hami.io/vgpu-memory": "8Gi", "nvidia.com/gpucores": 20}},
+            }
+        ]
+    },
+}
+
+
+def review_body(workload: str, endpoint: str) -> bytes:
+    obj = GPU_POD if workload == "gpu" else PLAIN_POD
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "bench", "groups": ["system:authenticated"]},
+            "object": obj,
+            "dryRun": False,
+        },
+    }
+    return json.dumps(review).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return [0]
+
+
+def pin(pid: int, core: int | None) -> None:
+    if core is not None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setaffinity(pid, {core})
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as raw, context.wrap_socket(raw) as tls:
+                tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if tls.recv(64).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("server did not become ready")
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("%(body)s", "rb"); wrk.body = f:read("*a"); f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %%d, "seconds": %%f, "errors": %%d, "p50_ms": %%f, "p90_ms": %%f, "p99_ms": %%f, "non2xx": %%d}\\n',
+    summary.requests, summary.duration / 1e6, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50) / 1000, latency:percentile(90) / 1000, latency:percentile(99) / 1000, e.status))
+end
+"""
+
+
+def run_wrk(url: str, body: Path, concurrency: int, seconds: float, core: int | None, tmp: Path) -> dict[str, Any]:
+    script = tmp / "post.lua"
+    script.write_text(WRK_SCRIPT % {"body": body})
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, int(seconds))}s", "-s", str(script), url]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pin(proc.pid, core)
+    out, err = proc.communicate()
+    line = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if not line:
+        raise RuntimeError(f"wrk failed: {out}\n{err}")
+    result = json.loads(line[-1])
+    result["rps"] = result["requests"] / result["seconds"]
+    return result
+
+
+async def _aiohttp_load(url: str, body: bytes, concurrency: int, seconds: float, rate: float) -> dict[str, Any]:
+    import aiohttp
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+    interval = concurrency / rate if rate else 0.0
+    headers = {"Content-Type": "application/json"}
+
+    async def worker(session: aiohttp.ClientSession, offset: float) -> None:
+        nonlocal errors
+        next_at = time.perf_counter() + offset
+        while time.perf_counter() < deadline:
+            if interval:
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_at += interval
+            started = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors += 1
+            except aiohttp.ClientError:
+                errors += 1
+            latencies.append(time.perf_counter() - started)
+
+    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(worker(session, i * interval / concurrency) for i in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else 0.0
+
+    return {
+        "requests": len(latencies),
+        "seconds": elapsed,
+        "rps": len(latencies) / elapsed,
+        "errors": errors,
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+    }
+
+
+def run_aiohttp(
+    url: str, body: Path, concurrency: int, seconds: float, rate: float, core: int | None
+) -> dict[str, Any]:
+    """The aiohttp load generator, in its own process so it never shares the server's core."""
+    cmd = [sys.executable, __file__, "--loadgen", url, str(body), str(concurrency), str(seconds), str(rate)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    pin(proc.pid, core)
+    out, _ = proc.communicate()
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure(
+    name: str, server_cmd: list[str], port: int, endpoint: str, body: Path, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    all_cores = cores()
+    server_core = all_cores[0] if len(all_cores) > 1 else None
+    load_core = all_cores[1] if len(all_cores) > 1 else None
+    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below, after the process
+    proc = subprocess.Popen(server_cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        pin(proc.pid, server_core)
+        wait_ready(port, proc)
+        url = f"https://127.0.0.1:{port}/{endpoint}"
+        use_wrk = shutil.which("wrk") and not args.rate and not args.no_wrk
+        if args.warmup:
+            (
+                run_wrk(url, body, args.concurrency, args.warmup, load_core, tmp)
+                if use_wrk
+                else run_aiohttp(url, body, args.concurrency, args.warmup, 0, load_core)
+            )
+        cpu_before = cpu_seconds(proc.pid)
+        result = (
+            run_wrk(url, body, args.concurrency, args.seconds, load_core, tmp)
+            if use_wrk
+            else run_aiohttp(url, body, args.concurrency, args.seconds, args.rate, load_core)
+        )
+        cpu_used = cpu_seconds(proc.pid) - cpu_before
+        result["cpu_us_per_admission"] = cpu_used / max(1, result["requests"]) * 1e6
+        result["rss_mb"] = rss_mb(proc.pid)
+        result["load_generator"] = "wrk" if use_wrk else "aiohttp"
+        return result
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+def webhook_config(args: argparse.Namespace, tmp: Path, port: int) -> Path:
+    """The bench's webhook config: the embedded defaults plus the cluster size and ledger asked for."""
+    from bench.cluster import write_bench_config
+
+    return write_bench_config(args, tmp, port)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="hami-bench-"))
+    body = tmp / "review.json"
+    body.write_bytes(review_body(args.workload, args.endpoint))
+    port = free_port()
+    config = webhook_config(args, tmp, port)
+    webhook_cmd = [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)]
+    webhook = measure("webhook", webhook_cmd, port, args.endpoint, body, args, tmp)
+    null_port = free_port()
+    null_cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "null_server.py"),
+        "--listen",
+        f"127.0.0.1:{null_port}",
+        "--state-dir",
+        str(tmp / "null-state"),
+    ]
+    null = measure("null", null_cmd, null_port, args.endpoint, body, args, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "workload": args.workload,
+        "endpoint": args.endpoint,
+        "nodes": args.nodes if args.workload == "gpu" else 0,
+        "ledger": args.ledger,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "rps": webhook["rps"],
+        "p50_ms": webhook["p50_ms"],
+        "p90_ms": webhook["p90_ms"],
+        "p99_ms": webhook["p99_ms"],
+        "errors": webhook["errors"],
+        "cpu_us_per_admission": webhook["cpu_us_per_admission"],
+        "rss_mb": webhook["rss_mb"],
+        "null": {k: null[k] for k in ("rps", "p50_ms", "p90_ms", "p99_ms", "cpu_us_per_admission", "rss_mb")},
+        "ratio": webhook["rps"] / null["rps"] if null["rps"] else 0.0,
+        "load_generator": webhook["load_generator"],
+        "cores": len(cores()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--loadgen":
+        url, body, concurrency, seconds, rate = argv[1:6]
+        result = asyncio.run(_aiohttp_load(url, Path(body).read_bytes(), int(concurrency), float(seconds), float(rate)))
+        print(json.dumps(result))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=("plain", "gpu"), default="plain")
+    parser.add_argument("--endpoint", choices=("validate", "mutate"), default="mutate")
+    parser.add_argument("--nodes", type=int, default=1213, help="simulated GPU nodes (gpu workload)")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--ledger", choices=("memory", "redis"), default="memory")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rate", type=float, default=0.0, help="fixed request rate (aiohttp load generator)")
+    parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load generator even if wrk exists")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        null = result["null"]
+        print(
+            f"{result['workload']} pod via /{result['endpoint']} ({result['load_generator']}, "
+            f"c={result['concurrency']}, {result['seconds']:.0f}s, {result['cores']} cores)"
+        )
+        print(
+            f"  webhook: {result['rps']:8.0f} req/s  p50 {result['p50_ms']:.2f} ms  p90 {result['p90_ms']:.2f} ms  "
+            f"p99 {result['p99_ms']:.2f} ms  cpu {result['cpu_us_per_admission']:.0f} us/adm  "
+            f"rss {result['rss_mb']:.0f} MB  errors {result['errors']}"
+        )
+        print(
+            f"  null:    {null['rps']:8.0f} req/s  p50 {null['p50_ms']:.2f} ms  p90 {null['p90_ms']:.2f} ms  "
+            f"p99 {null['p99_ms']:.2f} ms  cpu {null['cpu_us_per_admission']:.0f} us/adm  rss {null['rss_mb']:.0f} MB"
+        )
+        print(f"  ratio:   {result['ratio']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
