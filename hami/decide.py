@@ -1,6 +1,8 @@
 """The decision for one admission: validation, then (on /mutate, for GPU pods) placement.
 
 Both endpoints run the same validation, so a mutating-only install still refuses what it must.
+Placement reads the runtime's snapshot and index (built in the background) and makes at most one
+network call: the ledger reservation, bounded by its own timeout.
 """
 
 from __future__ import annotations
@@ -8,12 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict
-from hami.observability import get_logger
+from hami import mutation
+from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict, deny
+from hami.observability import PLACEMENTS, POLICY_RESULTS, get_logger
+from hami.placement.decision import Decision
+from hami.placement.engine import place
+from hami.requests import GpuRequest, RequestError, gpu_request
 from hami.runtime import Runtime
-from hami.workloads import WorkloadError, object_name, pod_templates
+from hami.state.model import ReservationItem
+from hami.validation import Mode, ValidationContext, Violation, render_denial, validate
+from hami.workloads import PodTemplate, WorkloadError, object_name, pod_templates
 
 log = get_logger("hami.decision")
+RESERVE_ATTEMPTS = 3  # a refused reservation (another replica took the room) re-plans this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +35,20 @@ class Outcome:
 UNTOUCHED = Outcome(ALLOW, "allowed", {"skipped": "not handled"})
 
 
+def _reservation_key(request: AdmissionRequest, template: PodTemplate) -> str:
+    """Namespace-prefixed, so quotas can count reservations; the admission uid when the pod's
+    name is not chosen yet (generateName). The pod carries the key in hami.io/reservation, which
+    is how the pod watch releases it once the pod is bound."""
+    name = template.metadata.get("name")
+    ident = name if isinstance(name, str) and name else f"uid-{request.uid}"
+    return f"{template.namespace or request.namespace}/{ident}"
+
+
 class Decider:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
+    # -- entry -------------------------------------------------------------------------------
     async def decide(self, request: AdmissionRequest, endpoint: str) -> Outcome:
         if request.operation not in ("CREATE", "UPDATE") or request.object is None:
             return UNTOUCHED  # DELETE and CONNECT pass untouched
@@ -41,8 +60,171 @@ class Decider:
             raise ReviewError(f"request.object: {exc}", "request.object") from None
         if not templates:
             return UNTOUCHED
-        return Outcome(ALLOW, "allowed")
+        violations = self.validate(request, templates)
+        enforced = [v for v in violations if v.mode is Mode.ENFORCE]
+        warnings = tuple(v.warning or v.message for v in violations if v.mode is Mode.WARN)
+        fields: dict[str, Any] = {}
+        if violations:
+            fields["violations"] = [{"rule": v.rule, "mode": str(v.mode), "path": v.path} for v in violations]
+        if enforced:
+            template = templates[0]
+            language = self.runtime.config.validation.language
+            message = render_denial(
+                enforced, template.kind, template.namespace or request.namespace, template.name, language
+            )
+            return Outcome(deny(message, warnings=warnings), "denied", fields)
+        if (
+            endpoint == "mutate"
+            and request.kind == "Pod"
+            and request.operation == "CREATE"
+            and not request.sub_resource
+        ):
+            return await self.place(request, templates[0], warnings, fields)
+        return Outcome(Verdict(allowed=True, warnings=warnings), "warned" if warnings else "allowed", fields)
 
+    # -- validation --------------------------------------------------------------------------
+    def validate(self, request: AdmissionRequest, templates: list[PodTemplate]) -> list[Violation]:
+        settings = self.runtime.config.validation
+        namespace = templates[0].namespace or request.namespace
+        context = ValidationContext(
+            operation=request.operation,
+            namespace=namespace,
+            user=request.user.username,
+            groups=request.user.groups,
+            largest_card_mib=self.runtime.snapshot.largest_card_mib,
+            usage=self.runtime.namespace_usage(namespace),
+            old_object=request.old_object,
+        )
+        violations = validate(request.object or {}, templates, context, settings)
+        for violation in violations:
+            POLICY_RESULTS.labels(violation.rule, str(violation.mode), "violation").inc()
+        return violations
+
+    # -- placement ---------------------------------------------------------------------------
+    async def place(
+        self, request: AdmissionRequest, template: PodTemplate, warnings: tuple[str, ...], fields: dict[str, Any]
+    ) -> Outcome:
+        pod = request.object or {}
+        cfg = self.runtime.config
+        try:
+            ask = gpu_request(template, self.runtime.config.validation.resources)
+        except RequestError as exc:
+            return Outcome(deny(f"cannot read the GPU request: {exc}", 400, "Invalid", warnings), "denied", fields)
+        if ask is None:
+            return Outcome(Verdict(True, warnings=warnings), "warned" if warnings else "allowed", fields)
+        if mutation.already_injected(template.metadata):
+            fields["placement"] = "already injected"
+            return Outcome(Verdict(True, warnings=warnings), "allowed", fields)
+        scheduler = template.spec.get("schedulerName")
+        if isinstance(scheduler, str) and scheduler in cfg.mutation.hands_off_schedulers:
+            PLACEMENTS.labels("none", "hands_off").inc()
+            fields["placement"] = f"left to {scheduler}"
+            return Outcome(Verdict(True, warnings=warnings), "allowed", fields)
+        node_name = template.spec.get("nodeName") if isinstance(template.spec.get("nodeName"), str) else None
+        key = _reservation_key(request, template)
+        decision = self._place(ask, node_name)
+        attempts = 0
+        while decision.fits and not request.dry_run and cfg.mutation.placement == "pin":
+            result = await self.runtime.ledger.reserve(key, self._items(decision, ask))
+            if result.ok:
+                break
+            attempts += 1
+            PLACEMENTS.labels(decision.policy, "reserve_conflict").inc()
+            if attempts >= RESERVE_ATTEMPTS:
+                return Outcome(
+                    deny(
+                        f"GPU capacity changed while placing this pod ({result.reason}); retry",
+                        409,
+                        "Conflict",
+                        warnings,
+                    ),
+                    "denied",
+                    fields,
+                )
+            decision = self._place(ask, node_name)  # the ledger's overlay now shows the other booking
+        fields["decision"] = self._log_fields(decision)
+        if not decision.fits:
+            return self._no_fit(pod, ask, decision, node_name, warnings, fields)
+        PLACEMENTS.labels(decision.policy, "placed").inc()
+        if cfg.mutation.placement == "shortlist":
+            others = [v.node for v in decision.runners_up if v.fits][: cfg.mutation.shortlist_k - 1]
+            nodes = [decision.node or "", *others]
+            patch = mutation.shortlist_patch(pod, nodes, decision.explain(), cfg.mutation.topology_key)
+        else:
+            patch = mutation.pin_patch(pod, decision, key, cfg.mutation.topology_key)
+        return Outcome(Verdict(True, warnings=warnings, patch=patch), "patched", fields)
+
+    def _place(self, ask: GpuRequest, node_name: str | None) -> Decision:
+        return place(
+            ask,
+            self.runtime.placement_index,
+            self.runtime.ledger.overlay(),
+            self.runtime.config.placement,
+            node_name=node_name,
+        )
+
+    def _items(self, decision: Decision, ask: GpuRequest) -> list[ReservationItem]:
+        node = self.runtime.snapshot.node(decision.node or "")
+        gpus = {g.uuid: g for g in node.gpus} if node else {}
+        items = []
+        for device in decision.devices:
+            gpu = gpus.get(device.uuid)
+            items.append(
+                ReservationItem(
+                    node=decision.node or "",
+                    uuid=device.uuid,
+                    memory_mib=device.memory_mib,
+                    cores=device.cores,
+                    capacity_mib=gpu.effective_free_mib if gpu else device.memory_mib,
+                    capacity_cores=max(0, 100 - gpu.cores_promised) if gpu else 100,
+                    workload_type=ask.workload_type or "",
+                )
+            )
+        return items
+
+    def _no_fit(
+        self,
+        pod: dict[str, Any] | Any,
+        ask: GpuRequest,
+        decision: Decision,
+        node_name: str | None,
+        warnings: tuple[str, ...],
+        fields: dict[str, Any],
+    ) -> Outcome:
+        cfg = self.runtime.config.mutation
+        reason = decision.deny_message()
+        if node_name:
+            PLACEMENTS.labels(decision.policy, "preset_node_no_fit").inc()
+            return Outcome(
+                deny(f"spec.nodeName={node_name} cannot host this pod: {reason}", warnings=warnings), "denied", fields
+            )
+        if ask.priority >= cfg.allow_priority_at_or_above:
+            PLACEMENTS.labels(decision.policy, "no_fit_priority").inc()
+            note = f"{reason}; priority {ask.priority} left to kube-scheduler preemption"
+            return Outcome(Verdict(True, warnings=warnings, patch=mutation.note_patch(pod, note)), "patched", fields)
+        PLACEMENTS.labels(decision.policy, f"no_fit_{cfg.on_no_fit}").inc()
+        if cfg.on_no_fit == "allow":
+            note = f"{reason}; admitted per on_no_fit=allow, kube-scheduler decides"
+            return Outcome(Verdict(True, warnings=warnings, patch=mutation.note_patch(pod, note)), "patched", fields)
+        if cfg.on_no_fit == "queue":
+            patch = mutation.queue_patch(pod, cfg.scheduling_gate, f"queued: {reason}")
+            return Outcome(Verdict(True, warnings=warnings, patch=patch), "patched", fields)
+        fix = " Ask for less GPU memory, relax type constraints, or retry when capacity frees up."
+        return Outcome(deny(reason + "." + fix, warnings=warnings), "denied", fields)
+
+    @staticmethod
+    def _log_fields(decision: Decision) -> dict[str, Any]:
+        return {
+            "node": decision.node,
+            "devices": [d.uuid for d in decision.devices],
+            "policy": decision.policy,
+            "score": round(decision.score, 3),
+            "considered": decision.considered,
+            "filtered": dict(decision.filtered),
+            "stale": decision.stale or None,
+        }
+
+    # -- log ---------------------------------------------------------------------------------
     def log_decision(self, request: AdmissionRequest, endpoint: str, outcome: Outcome, elapsed: float) -> None:
         obj = request.object or request.old_object or {}
         patch_paths = [op.get("path") for op in outcome.verdict.patch] if endpoint == "mutate" else []

@@ -1,4 +1,4 @@
-"""Everything a decision reads that changes while the process runs: config, snapshot, ledger.
+"""Everything a decision reads that changes while the process runs: config, snapshot, index, ledger.
 
 The request path reads attributes of this object and never awaits anything here except the one
 bounded ledger round trip. Swapping is by plain assignment (one event loop, no locks needed).
@@ -6,6 +6,7 @@ bounded ledger round trip. Swapping is by plain assignment (one event loop, no l
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,20 @@ from typing import Any
 from hami import config as config_mod
 from hami.config import Config
 from hami.observability import CONFIG_RELOADS, get_logger
+from hami.placement.index import PlacementIndex, build_index
+from hami.placement.settings import PlacementSettings
 from hami.settings_loader import SettingsError
+from hami.state.collector import StateLayer, start_state
+from hami.state.ledger import InProcessLedger, Ledger
+from hami.state.model import EMPTY_SNAPSHOT, Snapshot
+from hami.validation import NamespaceUsage
 
 log = get_logger("hami.runtime")
+
+
+def placement_settings(config: Config) -> PlacementSettings:
+    """Placement follows the state layer's degradation mode: one setting, not two to keep in step."""
+    return dataclasses.replace(config.placement, degradation=config.state.degradation)
 
 
 class Runtime:
@@ -24,16 +36,56 @@ class Runtime:
         self.config_path = config_path
         self._overrides = overrides or {}
         self._config_signature = self._signature()
+        self.state: StateLayer | None = None
+        self.ledger: Ledger = InProcessLedger(config.state.ledger)  # replaced by the state layer's on start
+        self.placement_index: PlacementIndex = build_index(EMPTY_SNAPSHOT, placement_settings(config))
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        return None
+        self.state = await start_state(self.config.state)
+        self.ledger = self.state.ledger
+        self.state.collector.on_snapshot.append(self.on_snapshot)
 
     async def stop(self) -> None:
-        return None
+        if self.state is not None:
+            await self.state.close()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        return True, {}
+        snapshot = self.snapshot
+        ready = self.state is not None and self.state.collector.ready
+        return ready, {"snapshot_version": snapshot.version, "nodes": len(snapshot.nodes)}
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.state.collector.snapshot if self.state is not None else EMPTY_SNAPSHOT
+
+    # -- derived state, rebuilt in the background --------------------------------------------
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """Bring the placement index up to date with a new snapshot (collector task, not a request).
+
+        Changed nodes are moved between classes in place; only a changed node *set* rebuilds,
+        so a refresh of a 10,000-node cluster costs the nodes that changed, not all of them.
+        """
+        index = self.placement_index
+        names = {n.name for n in snapshot.nodes}
+        if set(index.nodes) != names:
+            self.placement_index = build_index(snapshot, placement_settings(self.config), index.shapes)
+            return
+        for node in snapshot.nodes:
+            if index.nodes.get(node.name) != node:
+                index.update_node(node)
+        index.snapshot = snapshot
+
+    def on_config_reloaded(self) -> None:
+        self.placement_index = build_index(self.snapshot, placement_settings(self.config), self.placement_index.shapes)
+
+    def namespace_usage(self, namespace: str) -> NamespaceUsage:
+        """GPU use counted against the namespace's quota: pending reservations (what this and the
+        other replicas admitted) plus bound pods from the pod watch, when there is one. A pod is in
+        one of the two only: its reservation is released once the watch has seen it bound."""
+        usage = self.ledger.namespace_usage(namespace)
+        bound = self.state.collector.allocation_source if self.state is not None else None
+        return usage + bound.namespace_usage(namespace) if bound is not None else usage
 
     # -- config hot reload -------------------------------------------------------------------
     def _signature(self) -> tuple[int, int, int] | None:
@@ -62,7 +114,3 @@ class Runtime:
         log.info("config_reloaded", path=self.config_path, restart_needed_for=restart or None)
         self.on_config_reloaded()
         return True
-
-    def on_config_reloaded(self) -> None:
-        """Hook for derived state (e.g. the placement index depends on placement settings)."""
-        return None

@@ -9,6 +9,8 @@ import pytest
 
 from tests.webhook_fixture import Webhook, running_webhook
 
+pytest_plugins = ["tests.servers"]  # real redis-server, prometheus and agent processes
+
 
 @pytest.fixture
 async def webhook(tmp_path: Path) -> AsyncIterator[Webhook]:

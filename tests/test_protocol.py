@@ -138,7 +138,7 @@ async def test_internal_error_follows_on_internal_error(tmp_path: Path, policy: 
         if policy == "deny":
             assert response["status"]["code"] == 500
             assert response["status"]["reason"] == "InternalError"
-        status, metrics = await hook.post("validate", b"")  # still alive
+        status, _ = await hook.post("validate", b"")  # still alive
         assert status == 400
 
 

@@ -70,7 +70,7 @@ class Snapshot:
     taken_at: float = 0.0
     utilisation_known: bool = True  # False while Prometheus is unreachable
     version: int = 0  # increases with every snapshot the collector publishes
-    _by_name: Mapping[str, Node] = field(default=MappingProxyType({}), repr=False, compare=False)
+    _by_name: Mapping[str, Node] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", MappingProxyType({n.name: n for n in self.nodes}))
@@ -84,6 +84,27 @@ class Snapshot:
 
 
 EMPTY_SNAPSHOT = Snapshot(nodes=(), taken_at=0.0, version=0)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceUsage:
+    """GPU resources counted against a namespace's quota. Memory in MiB, cores in percent of one device."""
+
+    memory_mib: int = 0
+    cores: int = 0
+    gpus: int = 0
+
+    def __add__(self, other: NamespaceUsage) -> NamespaceUsage:
+        return NamespaceUsage(self.memory_mib + other.memory_mib, self.cores + other.cores, self.gpus + other.gpus)
+
+    def __sub__(self, other: NamespaceUsage) -> NamespaceUsage:
+        return NamespaceUsage(self.memory_mib - other.memory_mib, self.cores - other.cores, self.gpus - other.gpus)
+
+
+def quota_usage(memory_mib: int, cores: int) -> NamespaceUsage:
+    """What one device share counts against a quota: a share with no SM limit uses the whole
+    device's compute, so it counts as 100% cores (the validation rule's reading of HAMi's default)."""
+    return NamespaceUsage(memory_mib, cores if cores > 0 else 100, 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,10 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from hami.state.model import NamespaceUsage
+
+__all__ = ["Finding", "Mode", "NamespaceUsage", "ValidationContext", "Violation"]
+
 
 class Mode(StrEnum):
     """What a rule does when it fires."""
@@ -25,18 +29,6 @@ class Mode(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class NamespaceUsage:
-    """GPU resources counted against a namespace's quota. Memory in MiB, cores in percent of one device."""
-
-    memory_mib: int = 0
-    cores: int = 0
-    gpus: int = 0
-
-    def __add__(self, other: NamespaceUsage) -> NamespaceUsage:
-        return NamespaceUsage(self.memory_mib + other.memory_mib, self.cores + other.cores, self.gpus + other.gpus)
-
-
-@dataclass(frozen=True, slots=True)
 class ValidationContext:
     """Everything about the request that is not the object itself."""
 
@@ -45,7 +37,8 @@ class ValidationContext:
     user: str = ""
     groups: tuple[str, ...] = ()
     largest_card_mib: int = 0  # from the live snapshot; 0 = unknown -> settings fallback
-    usage: NamespaceUsage = NamespaceUsage()  # the namespace's live GPU usage, excluding this object
+    # The namespace's live GPU usage, excluding this object.
+    usage: NamespaceUsage = field(default_factory=NamespaceUsage)
     old_object: Mapping[str, Any] | None = None  # UPDATE only
 
 

@@ -1,0 +1,115 @@
+"""Expected GPU fragmentation of a node against a mix of pod shapes (FGD, USENIX ATC 2023).
+
+"Beware of Fragmentation" (Weng et al.) measures, for each typical pod shape, how much of a node's
+free GPU capacity that shape could NOT use: all of it when the shape cannot land on the node at all
+(wrong model, too few GPUs with room, too little host CPU), otherwise the free slivers on GPUs
+smaller than the shape's per-GPU ask. The expectation over the shape mix is the node's
+fragmentation; FGD places a pod where this expectation grows least. Units are milli-GPU (1000 = one
+whole card), so cards of different sizes compare by share, as in the study.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A typical pod: `count` devices of `gpu_milli` each, plus host CPU; `models` empty = any model."""
+
+    count: int
+    gpu_milli: int
+    cpu_milli: int = 0
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeMix:
+    """Shapes with their popularity (weights sum to 1)."""
+
+    shapes: tuple[tuple[Shape, float], ...]
+
+    @staticmethod
+    def from_counts(counts: Iterable[tuple[Shape, float]], threshold_pct: float = 60.0, step: int = 10) -> ShapeMix:
+        """The study's typical-pod walk: most popular shapes first, `step` at a time, until they
+        cover `threshold_pct` of all pods; then renormalised. Ties in popularity keep shape order."""
+        ordered = sorted(
+            ((s, w) for s, w in counts if w > 0),
+            key=lambda sw: (-sw[1], sw[0].count, sw[0].gpu_milli, sw[0].cpu_milli, sw[0].models),
+        )
+        total = sum(w for _, w in ordered)
+        if total <= 0:
+            return DEFAULT_MIX
+        kept: list[tuple[Shape, float]] = []
+        covered = 0.0
+        while covered < threshold_pct * total / 100 and len(kept) < len(ordered):
+            for shape, weight in ordered[len(kept) : len(kept) + step]:
+                kept.append((shape, weight))
+                covered += weight
+        return ShapeMix(tuple((s, w / covered) for s, w in kept))
+
+    @staticmethod
+    def from_shapes(shapes: Iterable[Shape], threshold_pct: float = 60.0) -> ShapeMix:
+        return ShapeMix.from_counts(Counter(shapes).items(), threshold_pct)
+
+
+# When nothing has been seen yet: the openb trace's broad mix (whole cards dominate, then the
+# common fractional shares), without host CPU since the webhook does not track it.
+DEFAULT_MIX = ShapeMix(
+    (
+        (Shape(1, 1000), 0.50),
+        (Shape(1, 810), 0.13),
+        (Shape(1, 470), 0.10),
+        (Shape(1, 320), 0.05),
+        (Shape(1, 650), 0.04),
+        (Shape(1, 230), 0.03),
+        (Shape(1, 500), 0.05),
+        (Shape(2, 1000), 0.03),
+        (Shape(4, 1000), 0.03),
+        (Shape(8, 1000), 0.04),
+    )
+)
+
+
+def shape_frag(free: tuple[int, ...], cpu_free: int | None, model: str, shape: Shape) -> int:
+    """Milli-GPU of `free` (per-device free milli) that `shape` cannot use on this node."""
+    total = sum(free)
+    if shape.models and not any(m.lower() in model.lower() for m in shape.models):
+        return total
+    if cpu_free is not None and cpu_free < shape.cpu_milli:
+        return total
+    if sum(1 for f in free if f >= shape.gpu_milli) < shape.count:
+        return total
+    return sum(f for f in free if f < shape.gpu_milli)
+
+
+def node_frag(free: tuple[int, ...], cpu_free: int | None, model: str, mix: ShapeMix) -> float:
+    """Expected fragmentation (milli-GPU) of a node with per-device `free` milli."""
+    if not free or sum(free) == 0:
+        return 0.0
+    return sum(weight * shape_frag(free, cpu_free, model, shape) for shape, weight in mix.shapes)
+
+
+class FragModel:
+    """`node_frag` for one mix, memoised: nodes repeat the same few states, and the scorer asks for
+    every candidate device of every candidate node. Bounded; cleared whole when full."""
+
+    __slots__ = ("_cache", "limit", "mix")
+
+    def __init__(self, mix: ShapeMix, limit: int = 500_000) -> None:
+        self.mix = mix
+        self.limit = limit
+        self._cache: dict[tuple[tuple[int, ...], int | None, str], float] = {}
+
+    def frag(self, free: tuple[int, ...], cpu_free: int | None, model: str) -> float:
+        key = (tuple(sorted(free)), cpu_free, model)
+        value = self._cache.get(key)
+        if value is None:
+            if len(self._cache) >= self.limit:
+                self._cache.clear()
+            value = self._cache[key] = node_frag(key[0], cpu_free, model, self.mix)
+        return value

@@ -1,0 +1,109 @@
+"""Two-level cache of agent answers: in-process L1 in front of a Redis L2 shared by all replicas.
+
+One replica's collector writes what its agents answered; the others read L2 before asking the
+agents themselves, so N replicas do not multiply the load on every agent by N.
+
+The L2 value carries its own expiry (unix seconds). L1 stores that expiry too and caps its TTL
+by it, so an L1 entry never outlives the L2 entry it came from: a replica cannot keep serving
+an answer the others already consider expired.
+
+Redis is optional (no URL: L1 only) and never fatal: an error or a slow round trip counts as a
+miss, flips `hami_webhook_redis_up` to 0, and the next call tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+from aiocache import RedisCache, SimpleMemoryCache
+
+from hami.state import metrics
+from hami.state.settings import CacheSettings
+
+log = structlog.get_logger(__name__)
+
+
+def redis_endpoint(url: str) -> dict[str, Any]:
+    """aiocache's RedisCache keyword arguments from a redis:// URL."""
+    parts = urlsplit(url)
+    db = parts.path.strip("/")
+    return {
+        "endpoint": parts.hostname or "127.0.0.1",
+        "port": parts.port or 6379,
+        "db": int(db) if db else 0,
+        "password": parts.password,
+    }
+
+
+def l1_ttl(l1_ttl_s: float, l2_expires_at: float, now: float) -> float:
+    """The L1 TTL of a value whose L2 copy expires at `l2_expires_at`: never past that instant."""
+    return max(0.0, min(l1_ttl_s, l2_expires_at - now))
+
+
+class TwoLevelCache:
+    def __init__(self, settings: CacheSettings, redis_url: str = "", clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._l1 = SimpleMemoryCache(namespace="l1")
+        self._l2: RedisCache | None = None
+        if redis_url:
+            self._l2 = RedisCache(namespace=settings.namespace, timeout=settings.timeout_s, **redis_endpoint(redis_url))
+        self.redis_up: bool | None = None  # None until the first L2 round trip
+
+    async def get(self, key: str) -> Any | None:
+        now = self._clock()
+        entry = await self._l1.get(key)
+        # The expiry check guards the TTL: SimpleMemoryCache expires entries by loop timers.
+        if entry is not None and entry[1] > now:
+            metrics.CACHE_HITS.labels("l1").inc()
+            return entry[0]
+        metrics.CACHE_MISSES.labels("l1").inc()
+        if self._l2 is None:
+            return None
+        doc = await self._l2_call(self._l2.get(key))
+        if not isinstance(doc, dict) or float(doc.get("exp", 0)) <= now:
+            metrics.CACHE_MISSES.labels("l2").inc()
+            return None
+        metrics.CACHE_HITS.labels("l2").inc()
+        expires_at = float(doc["exp"])
+        ttl = l1_ttl(self.settings.l1_ttl_s, expires_at, now)
+        if ttl > 0:
+            await self._l1.set(key, (doc["v"], min(expires_at, now + ttl)), ttl=ttl)
+        return doc["v"]
+
+    async def set(self, key: str, value: Any) -> None:
+        """Store a JSON-able value in both levels (L2 first, so L1's expiry can follow it)."""
+        now = self._clock()
+        expires_at = now + self.settings.l2_ttl_s
+        if self._l2 is not None:
+            await self._l2_call(self._l2.set(key, {"exp": expires_at, "v": value}, ttl=float(self.settings.l2_ttl_s)))
+        ttl = l1_ttl(self.settings.l1_ttl_s, expires_at, now)
+        await self._l1.set(key, (value, min(expires_at, now + ttl)), ttl=ttl)
+
+    async def _l2_call(self, call: Any) -> Any:
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                result = await call
+        except Exception as exc:  # any Redis failure degrades to L1, never to an error
+            self._mark(False, exc)
+            return None
+        self._mark(True)
+        return result
+
+    def _mark(self, up: bool, exc: BaseException | None = None) -> None:
+        if up != self.redis_up:
+            if self.redis_up is not None or not up:
+                log.warning("cache.redis", up=up, error=repr(exc) if exc else None)
+                metrics.DEGRADATION_TRANSITIONS.labels("redis_cache", "up" if up else "down").inc()
+            self.redis_up = up
+            metrics.REDIS_UP.set(1 if up else 0)
+
+    async def close(self) -> None:
+        await self._l1.close()
+        if self._l2 is not None:
+            await self._l2.close()

@@ -1,0 +1,541 @@
+"""The reservation ledger: memory promised by admissions whose pods are not bound yet.
+
+Between two snapshots a burst of admissions would all see the same free memory; the ledger makes
+each decision reserve its devices, atomically checking that the sum of live reservations plus this
+one stays within what the deciding replica saw as promisable (`ReservationItem.capacity_mib`,
+i.e. total - max(promised, used) without reservations). A refused reserve names the device, and
+the caller places again with the refreshed `overlay()`.
+
+`InProcessLedger` serves one replica. `RedisLedger` shares reservations between replicas through
+one Lua script (check and write all items or none, with a TTL, on Redis' own clock); while Redis
+is down or slower than `timeout_s` it falls back to an in-process ledger that also counts the
+last known reservations of the other replicas, and replays its own when Redis returns.
+
+Keys carry the namespace (`ns/pod-name-or-admission-uid`) so quotas can sum pending memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import orjson
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from hami.state import metrics
+from hami.state.model import DeviceUsage, NamespaceUsage, ReservationItem, quota_usage
+from hami.state.settings import LedgerSettings
+
+log = structlog.get_logger(__name__)
+
+EMPTY_OVERLAY: Mapping[str, DeviceUsage] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    ok: bool
+    refused_uuid: str = ""  # the device that would overflow (empty when ok)
+    reason: str = ""
+    backend: str = "memory"  # memory | redis | fallback
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    key: str
+    items: tuple[ReservationItem, ...]
+    expires_at: float  # local clock, seconds
+
+
+class Ledger(Protocol):
+    async def reserve(
+        self, key: str, items: Sequence[ReservationItem], ttl_s: float | None = None
+    ) -> ReserveResult: ...
+
+    async def release(self, key: str) -> None: ...
+
+    def overlay(self) -> Mapping[str, DeviceUsage]: ...
+
+    def namespace_usage(self, namespace: str) -> NamespaceUsage: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# ---- pure core -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    memory_mib: int
+    cores: int
+    capacity_mib: int
+    capacity_cores: int
+
+
+def needs(items: Iterable[ReservationItem]) -> dict[str, _Need]:
+    """Per device: what a reservation asks (containers sharing a device add up) and the tightest capacity."""
+    out: dict[str, _Need] = {}
+    for it in items:
+        prev = out.get(it.uuid)
+        if prev is None:
+            out[it.uuid] = _Need(it.memory_mib, it.cores, it.capacity_mib, it.capacity_cores)
+        else:
+            out[it.uuid] = _Need(
+                prev.memory_mib + it.memory_mib,
+                prev.cores + it.cores,
+                min(prev.capacity_mib, it.capacity_mib),
+                min(prev.capacity_cores, it.capacity_cores),
+            )
+    return out
+
+
+def merge_overlays(*overlays: Mapping[str, DeviceUsage]) -> dict[str, DeviceUsage]:
+    out: dict[str, DeviceUsage] = {}
+    for ov in overlays:
+        for uuid, u in ov.items():
+            p = out.get(uuid)
+            out[uuid] = (
+                u
+                if p is None
+                else DeviceUsage(
+                    p.memory_mib + u.memory_mib, p.cores + u.cores, p.pods + u.pods, p.workload_types | u.workload_types
+                )
+            )
+    return out
+
+
+def first_overflow(items: Sequence[ReservationItem], used: Mapping[str, DeviceUsage]) -> tuple[str, str] | None:
+    """(uuid, why) of the first device the items would overflow given `used`, else None.
+
+    Cores only count for items that ask for cores: 0 means no SM limit (HAMi's convention).
+    """
+    for uuid, need in needs(items).items():
+        u = used.get(uuid, DeviceUsage())
+        if u.memory_mib + need.memory_mib > need.capacity_mib:
+            return uuid, f"memory {u.memory_mib}+{need.memory_mib} MiB > {need.capacity_mib} MiB"
+        if need.cores > 0 and u.cores + need.cores > need.capacity_cores:
+            return uuid, f"cores {u.cores}+{need.cores}% > {need.capacity_cores}%"
+    return None
+
+
+def namespace_of(key: str) -> str:
+    return key.split("/", 1)[0] if "/" in key else ""
+
+
+class Aggregate:
+    """Live reservations and their sums per device and per namespace, kept incrementally.
+
+    A burst of admissions must not pay for every pending reservation: adding or removing one
+    touches only its own devices, expiry pops a heap, and the overlay mapping is rebuilt (per
+    device, not per reservation) only after a change.
+    """
+
+    def __init__(self, reservations: Iterable[Reservation] = ()) -> None:
+        self.reservations: dict[str, Reservation] = {}
+        self._mem: dict[str, int] = {}
+        self._cores: dict[str, int] = {}
+        self._pods: dict[str, int] = {}
+        self._types: dict[str, Counter[str]] = {}
+        self._ns: dict[str, NamespaceUsage] = {}
+        self._heap: list[tuple[float, str]] = []
+        self._view: Mapping[str, DeviceUsage] | None = EMPTY_OVERLAY
+        for r in reservations:
+            self.add(r)
+
+    def add(self, r: Reservation) -> None:
+        self.remove(r.key)
+        self.reservations[r.key] = r
+        self._apply(r, +1)
+        heapq.heappush(self._heap, (r.expires_at, r.key))
+
+    def remove(self, key: str) -> Reservation | None:
+        r = self.reservations.pop(key, None)
+        if r is not None:
+            self._apply(r, -1)
+        return r
+
+    def _apply(self, r: Reservation, sign: int) -> None:
+        for uuid, need in needs(r.items).items():
+            self._mem[uuid] = self._mem.get(uuid, 0) + sign * need.memory_mib
+            self._cores[uuid] = self._cores.get(uuid, 0) + sign * need.cores
+            self._pods[uuid] = self._pods.get(uuid, 0) + sign
+            if self._pods[uuid] == 0:
+                del self._mem[uuid], self._cores[uuid], self._pods[uuid]
+        for it in r.items:
+            if it.workload_type:
+                types = self._types.setdefault(it.uuid, Counter())
+                types[it.workload_type] += sign
+                if types[it.workload_type] <= 0:
+                    del types[it.workload_type]
+        ns = namespace_of(r.key)
+        total = sum((quota_usage(it.memory_mib, it.cores) for it in r.items), NamespaceUsage())
+        current = self._ns.get(ns, NamespaceUsage())
+        self._ns[ns] = current + total if sign > 0 else current - total
+        self._view = None
+
+    def purge(self, now: float) -> None:
+        while self._heap and self._heap[0][0] <= now:
+            _, key = heapq.heappop(self._heap)
+            r = self.reservations.get(key)
+            if r is not None and r.expires_at <= now:  # not a key re-reserved since with a later expiry
+                self.remove(key)
+
+    def view(self, now: float) -> Mapping[str, DeviceUsage]:
+        self.purge(now)
+        if self._view is None:
+            self._view = MappingProxyType(
+                {
+                    u: DeviceUsage(self._mem[u], self._cores[u], self._pods[u], frozenset(self._types.get(u, ())))
+                    for u in self._mem
+                }
+            )
+        return self._view
+
+    def view_without(self, key: str, now: float) -> Mapping[str, DeviceUsage]:
+        """The view as if `key` were not reserved (a key re-reserving replaces itself)."""
+        view = self.view(now)
+        r = self.reservations.get(key)
+        if r is None:
+            return view
+        out = dict(view)
+        for uuid, need in needs(r.items).items():
+            u = out[uuid]
+            out[uuid] = DeviceUsage(u.memory_mib - need.memory_mib, u.cores - need.cores, u.pods - 1, u.workload_types)
+        return out
+
+    def namespace_usage(self, namespace: str, now: float) -> NamespaceUsage:
+        self.purge(now)
+        return self._ns.get(namespace, NamespaceUsage())
+
+
+# ---- in-process ledger -----------------------------------------------------------------------
+
+
+class InProcessLedger:
+    """One replica's reservations in memory. Every method runs without awaiting, hence atomically."""
+
+    def __init__(self, settings: LedgerSettings | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings or LedgerSettings()
+        self._clock = clock
+        self._agg = Aggregate()
+
+    def reserve_now(
+        self,
+        key: str,
+        items: Sequence[ReservationItem],
+        ttl_s: float | None = None,
+        base: Mapping[str, DeviceUsage] = EMPTY_OVERLAY,
+    ) -> ReserveResult:
+        """The synchronous reserve; `base` is usage known from elsewhere (other replicas) to count too."""
+        now = self._clock()
+        used = self._agg.view_without(key, now)
+        refused = first_overflow(items, merge_overlays(base, used) if base else used)
+        if refused is not None:
+            return ReserveResult(False, refused[0], refused[1])
+        ttl = self.settings.ttl_s if ttl_s is None else ttl_s
+        self._agg.add(Reservation(key, tuple(items), now + ttl))
+        return ReserveResult(True)
+
+    async def reserve(self, key: str, items: Sequence[ReservationItem], ttl_s: float | None = None) -> ReserveResult:
+        result = self.reserve_now(key, items, ttl_s)
+        metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
+        return result
+
+    def release_now(self, key: str) -> bool:
+        return self._agg.remove(key) is not None
+
+    async def release(self, key: str) -> None:
+        self.release_now(key)
+
+    def reservations(self) -> list[Reservation]:
+        self._agg.purge(self._clock())
+        return list(self._agg.reservations.values())
+
+    def overlay(self) -> Mapping[str, DeviceUsage]:
+        return self._agg.view(self._clock())
+
+    def namespace_usage(self, namespace: str) -> NamespaceUsage:
+        return self._agg.namespace_usage(namespace, self._clock())
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+# ---- Redis ledger ----------------------------------------------------------------------------
+
+# KEYS[1]: the hash of all reservations (field: key, value: JSON {exp, items}); KEYS[2..]: one hash
+# per device (field: key, value: "mem|cores|exp_ms"). ARGV: key, ttl_ms, items JSON, dev prefix,
+# then per device: mem, cores, capacity_mib, capacity_cores. Time is Redis' own, so replicas with
+# skewed clocks agree on what expired.
+RESERVE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local key = ARGV[1]
+local exp = now + tonumber(ARGV[2])
+local n = #KEYS - 1
+for i = 1, n do
+  local dkey = KEYS[i + 1]
+  local base = 4 + (i - 1) * 4
+  local mem, cores = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local capm, capc = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  local sm, sc = 0, 0
+  local all = redis.call('HGETALL', dkey)
+  for j = 1, #all, 2 do
+    local f, v = all[j], all[j + 1]
+    local m, c, e = string.match(v, '^(%-?%d+)|(%-?%d+)|(%d+)$')
+    if tonumber(e) <= now then
+      redis.call('HDEL', dkey, f)
+      redis.call('HDEL', KEYS[1], f)
+    elseif f ~= key then
+      sm = sm + tonumber(m)
+      sc = sc + tonumber(c)
+    end
+  end
+  if sm + mem > capm then
+    return {0, i, 'memory ' .. sm .. '+' .. mem .. ' MiB > ' .. capm .. ' MiB'}
+  end
+  if cores > 0 and sc + cores > capc then
+    return {0, i, 'cores ' .. sc .. '+' .. cores .. '% > ' .. capc .. '%'}
+  end
+end
+local old = redis.call('HGET', KEYS[1], key)
+if old then
+  for _, it in ipairs(cjson.decode(old)['items']) do
+    redis.call('HDEL', ARGV[4] .. it[1], key)
+  end
+end
+local ttl = tonumber(ARGV[2])
+for i = 1, n do
+  local dkey = KEYS[i + 1]
+  local base = 4 + (i - 1) * 4
+  redis.call('HSET', dkey, key, ARGV[base + 1] .. '|' .. ARGV[base + 2] .. '|' .. exp)
+  if redis.call('PTTL', dkey) < ttl then
+    redis.call('PEXPIRE', dkey, ttl)
+  end
+end
+redis.call('HSET', KEYS[1], key, '{"exp":' .. exp .. ',"items":' .. ARGV[3] .. '}')
+return {1, 0, ''}
+"""
+
+RELEASE_LUA = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then
+  return 0
+end
+for _, it in ipairs(cjson.decode(old)['items']) do
+  redis.call('HDEL', ARGV[2] .. it[1], ARGV[1])
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+"""
+
+_REDIS_DOWN = (RedisError, OSError, TimeoutError)
+
+
+def _item_json(it: ReservationItem) -> list[Any]:
+    return [it.uuid, it.memory_mib, it.cores, it.workload_type, it.node, it.capacity_mib, it.capacity_cores]
+
+
+def _item_from_json(doc: Sequence[Any]) -> ReservationItem:
+    return ReservationItem(
+        uuid=str(doc[0]),
+        memory_mib=int(doc[1]),
+        cores=int(doc[2]),
+        workload_type=str(doc[3]),
+        node=str(doc[4]),
+        capacity_mib=int(doc[5]),
+        capacity_cores=int(doc[6]),
+    )
+
+
+def parse_records(raw: Mapping[bytes, bytes], redis_now_ms: int, local_now: float) -> list[Reservation]:
+    """Reservations of the shared hash, their Redis expiry moved onto the local clock."""
+    out = []
+    for key, value in raw.items():
+        doc = orjson.loads(value)
+        left_s = (int(doc["exp"]) - redis_now_ms) / 1000
+        if left_s > 0:
+            out.append(Reservation(key.decode(), tuple(_item_from_json(i) for i in doc["items"]), local_now + left_s))
+    return out
+
+
+class RedisLedger:
+    """Reservations shared by all replicas through Redis, with an in-process fallback."""
+
+    def __init__(self, redis_url: str, settings: LedgerSettings | None = None, clock: Callable[[], float] = time.time):
+        self.settings = settings or LedgerSettings()
+        self._clock = clock
+        timeout = self.settings.timeout_s
+        # A blocking pool: a burst waits for a connection (bounded by timeout_s) instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url,
+            max_connections=self.settings.max_connections,
+            timeout=None,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._reserve_script = self._redis.register_script(RESERVE_LUA)
+        self._release_script = self._redis.register_script(RELEASE_LUA)
+        self._all_key = f"{self.settings.prefix}:reservations"
+        self._dev_prefix = f"{self.settings.prefix}:dev:"
+        self._fallback = InProcessLedger(self.settings, clock)
+        self._remote = Aggregate()  # last view of Redis' reservations (plus this replica's since)
+        self._pending_release: set[str] = set()  # released while Redis was down
+        # This replica's live reservations in Redis: replayed after a Redis restart lost them.
+        self._own: dict[str, Reservation] = {}
+        self.up = True  # optimistic: the first failure flips it and logs once
+        self._task: asyncio.Task[None] | None = None
+
+    # -- request path ----------------------------------------------------------------------------
+
+    async def reserve(self, key: str, items: Sequence[ReservationItem], ttl_s: float | None = None) -> ReserveResult:
+        ttl = self.settings.ttl_s if ttl_s is None else ttl_s
+        if self.up:
+            try:
+                async with asyncio.timeout(self.settings.timeout_s):
+                    result = await self._reserve_remote(key, items, ttl)
+            except _REDIS_DOWN as exc:
+                self._mark(False, exc)
+            else:
+                metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
+                if not result.ok:
+                    # Another replica took the room: the caller places again, on an overlay that knows it.
+                    with contextlib.suppress(*_REDIS_DOWN):
+                        await self.refresh(self.settings.timeout_s)
+                return result
+        # Other replicas' last known reservations count too: the fallback must not double-book them.
+        result = self._fallback.reserve_now(key, items, ttl, base=self._remote.view_without(key, self._clock()))
+        metrics.LEDGER_RESERVATIONS.labels("fallback_ok" if result.ok else "fallback_refused").inc()
+        return ReserveResult(result.ok, result.refused_uuid, result.reason, "fallback")
+
+    async def release(self, key: str) -> None:
+        self._fallback.release_now(key)
+        self._remote.remove(key)
+        self._own.pop(key, None)
+        if self.up:
+            try:
+                async with asyncio.timeout(self.settings.timeout_s):
+                    await self._release_script(keys=[self._all_key], args=[key, self._dev_prefix])
+                return
+            except _REDIS_DOWN as exc:
+                self._mark(False, exc)
+        self._pending_release.add(key)
+
+    def overlay(self) -> Mapping[str, DeviceUsage]:
+        remote = self._remote.view(self._clock())
+        local = self._fallback.overlay()
+        return merge_overlays(remote, local) if local else remote  # merging only while the fallback holds some
+
+    def namespace_usage(self, namespace: str) -> NamespaceUsage:
+        now = self._clock()
+        return self._remote.namespace_usage(namespace, now) + self._fallback.namespace_usage(namespace)
+
+    # -- Redis ------------------------------------------------------------------------------------
+
+    async def _reserve_remote(self, key: str, items: Sequence[ReservationItem], ttl_s: float) -> ReserveResult:
+        per_device = needs(items)
+        uuids = list(per_device)
+        args: list[Any] = [
+            key,
+            int(ttl_s * 1000),
+            orjson.dumps([_item_json(i) for i in items]).decode(),
+            self._dev_prefix,
+        ]
+        for uuid in uuids:
+            n = per_device[uuid]
+            args += [n.memory_mib, n.cores, n.capacity_mib, n.capacity_cores]
+        keys = [self._all_key] + [self._dev_prefix + u for u in uuids]
+        ok, index, reason = await self._reserve_script(keys=keys, args=args)
+        if not ok:
+            return ReserveResult(False, uuids[int(index) - 1], reason.decode(), "redis")
+        # Seen at once by this replica's placement; the periodic refresh brings the others'.
+        self._own[key] = reservation = Reservation(key, tuple(items), self._clock() + ttl_s)
+        self._remote.add(reservation)
+        return ReserveResult(True, backend="redis")
+
+    async def refresh(self, timeout_s: float | None = None) -> None:
+        """Replace the local view of Redis' reservations (raises when Redis is down).
+
+        The background refresh allows itself 0.5 s at least; the request path passes its own bound.
+        """
+        limit = max(self.settings.timeout_s, 0.5) if timeout_s is None else timeout_s
+        async with asyncio.timeout(limit), self._redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hgetall(self._all_key)
+            (secs, micros), raw = await pipe.execute()
+        now = self._clock()
+        self._remote = Aggregate(parse_records(raw, secs * 1000 + micros // 1000, now))
+        self._own = {k: r for k, r in self._own.items() if r.expires_at > now}
+
+    async def _recover(self) -> None:
+        """Redis is back: apply releases made meanwhile, replay this replica's reservations.
+
+        Both its own earlier ones (a restarted Redis without persistence forgot them; the same key
+        replaces itself, so replaying what Redis still holds is harmless) and the fallback's.
+        """
+        for key in list(self._pending_release):
+            await self._release_script(keys=[self._all_key], args=[key, self._dev_prefix])
+            self._pending_release.discard(key)
+        now = self._clock()
+        self._own = {k: r for k, r in self._own.items() if r.expires_at > now}
+        for r in [*self._own.values(), *self._fallback.reservations()]:
+            result = await self._reserve_remote(r.key, r.items, r.expires_at - now)
+            if result.ok:
+                self._fallback.release_now(r.key)
+            else:  # kept locally until it expires: still counted by this replica's overlay
+                log.warning("ledger.replay_refused", key=r.key, device=result.refused_uuid, reason=result.reason)
+
+    def _mark(self, up: bool, exc: BaseException | None = None) -> None:
+        if up == self.up:
+            return
+        self.up = up
+        metrics.REDIS_UP.set(1 if up else 0)
+        metrics.DEGRADATION_TRANSITIONS.labels("redis_ledger", "up" if up else "down").inc()
+        if up:
+            log.info("ledger.redis_up")
+        else:
+            log.warning("ledger.redis_down_fallback_in_process", error=repr(exc))
+
+    async def _background(self) -> None:
+        while True:
+            try:
+                if not self.up:
+                    # Pooled connections to the dead server would each fail once more: drop them all.
+                    await self._redis.connection_pool.disconnect()
+                    await self._redis.ping()
+                    await self._recover()
+                    self._mark(True)
+                await self.refresh()
+                await asyncio.sleep(self.settings.refresh_s)
+            except _REDIS_DOWN as exc:
+                self._mark(False, exc)
+                await asyncio.sleep(self.settings.retry_s)
+
+    async def start(self) -> None:
+        try:
+            await self.refresh()
+            metrics.REDIS_UP.set(1)
+        except _REDIS_DOWN as exc:
+            self._mark(False, exc)
+        self._task = asyncio.create_task(self._background(), name="ledger-refresh")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._redis.aclose()

@@ -1,0 +1,73 @@
+"""The in-process ledger and the pure reservation arithmetic (no Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hami.state.ledger import InProcessLedger, first_overflow, needs
+from hami.state.model import DeviceUsage, ReservationItem
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def item(
+    uuid: str = "GPU-a", mem: int = 1000, cap: int = 4000, cores: int = 0, cap_cores: int = 100
+) -> ReservationItem:
+    return ReservationItem(
+        node="n1", uuid=uuid, memory_mib=mem, cores=cores, capacity_mib=cap, capacity_cores=cap_cores
+    )
+
+
+def test_containers_sharing_a_device_add_up_and_keep_the_tightest_capacity() -> None:
+    n = needs([item(mem=100, cap=500), item(mem=200, cap=400), item("GPU-b", mem=5)])
+    assert n["GPU-a"].memory_mib == 300 and n["GPU-a"].capacity_mib == 400
+    assert n["GPU-b"].memory_mib == 5
+
+
+def test_overflow_names_the_device_and_ignores_cores_when_none_asked() -> None:
+    used = {"GPU-a": DeviceUsage(memory_mib=3500, cores=100)}
+    assert first_overflow([item(mem=400)], used) is None  # 3900 <= 4000, cores 0 means no SM limit
+    refused = first_overflow([item("GPU-b", mem=1), item(mem=600)], used)
+    assert refused is not None and refused[0] == "GPU-a"
+    assert first_overflow([item(mem=1, cores=1)], used) is not None
+
+
+async def test_reserve_refuses_past_capacity_and_overlay_shows_pending() -> None:
+    ledger = InProcessLedger(clock=Clock())
+    assert (await ledger.reserve("ns/p1", [item(mem=3000)], ttl_s=10)).ok
+    refused = await ledger.reserve("ns/p2", [item(mem=1500)], ttl_s=10)
+    assert not refused.ok and refused.refused_uuid == "GPU-a"
+    assert ledger.overlay()["GPU-a"] == DeviceUsage(memory_mib=3000, cores=0, pods=1)
+    assert ledger.namespace_usage("ns").memory_mib == 3000 and ledger.namespace_usage("other").memory_mib == 0
+
+
+async def test_same_key_replaces_its_own_reservation() -> None:
+    ledger = InProcessLedger(clock=Clock())
+    assert (await ledger.reserve("ns/p", [item(mem=3000)], ttl_s=10)).ok
+    assert (await ledger.reserve("ns/p", [item(mem=3500)], ttl_s=10)).ok  # not 6500: the old one is replaced
+    assert ledger.overlay()["GPU-a"].memory_mib == 3500
+
+
+async def test_release_and_expiry_free_the_memory() -> None:
+    clock = Clock()
+    ledger = InProcessLedger(clock=clock)
+    await ledger.reserve("ns/a", [item(mem=4000)], ttl_s=5)
+    await ledger.release("ns/a")
+    assert "GPU-a" not in ledger.overlay()
+    await ledger.reserve("ns/b", [item(mem=4000)], ttl_s=5)
+    clock.now += 5.1
+    assert "GPU-a" not in ledger.overlay()  # expired without a release
+    assert (await ledger.reserve("ns/c", [item(mem=4000)], ttl_s=5)).ok
+
+
+async def test_concurrent_burst_never_promises_more_than_capacity() -> None:
+    ledger = InProcessLedger()
+    results = await asyncio.gather(*(ledger.reserve(f"ns/p{i}", [item(mem=10, cap=1000)], 30) for i in range(300)))
+    assert sum(r.ok for r in results) == 100
+    assert ledger.overlay()["GPU-a"].memory_mib == 1000
