@@ -7,7 +7,7 @@ network call: the ledger reservation, bounded by its own timeout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hami import mutation
@@ -61,24 +61,28 @@ class Decider:
         if not templates:
             return UNTOUCHED
         violations = self.validate(request, templates)
+        outcome = await self._judge(request, endpoint, templates, violations)
+        if violations:
+            # Rule ids land in the API server's audit log (the point of `audit` mode) and in ours.
+            audit = {"violations": ",".join(f"{v.rule}={v.mode}" for v in violations)}
+            outcome.fields["violations"] = [{"rule": v.rule, "mode": str(v.mode), "path": v.path} for v in violations]
+            outcome = Outcome(replace(outcome.verdict, audit_annotations=audit), outcome.result, outcome.fields)
+        return outcome
+
+    async def _judge(
+        self, request: AdmissionRequest, endpoint: str, templates: list[PodTemplate], violations: list[Violation]
+    ) -> Outcome:
         enforced = [v for v in violations if v.mode is Mode.ENFORCE]
         warnings = tuple(v.warning or v.message for v in violations if v.mode is Mode.WARN)
         fields: dict[str, Any] = {}
-        if violations:
-            fields["violations"] = [{"rule": v.rule, "mode": str(v.mode), "path": v.path} for v in violations]
         if enforced:
             template = templates[0]
             language = self.runtime.config.validation.language
-            message = render_denial(
-                enforced, template.kind, template.namespace or request.namespace, template.name, language
-            )
+            namespace = template.namespace or request.namespace
+            message = render_denial(enforced, template.kind, template.name, language, namespace=namespace)
             return Outcome(deny(message, warnings=warnings), "denied", fields)
-        if (
-            endpoint == "mutate"
-            and request.kind == "Pod"
-            and request.operation == "CREATE"
-            and not request.sub_resource
-        ):
+        is_pod_create = request.kind == "Pod" and request.operation == "CREATE" and not request.sub_resource
+        if endpoint == "mutate" and is_pod_create:
             return await self.place(request, templates[0], warnings, fields)
         return Outcome(Verdict(allowed=True, warnings=warnings), "warned" if warnings else "allowed", fields)
 
@@ -209,7 +213,7 @@ class Decider:
         if cfg.on_no_fit == "queue":
             patch = mutation.queue_patch(pod, cfg.scheduling_gate, f"queued: {reason}")
             return Outcome(Verdict(True, warnings=warnings, patch=patch), "patched", fields)
-        fix = " Ask for less GPU memory, relax type constraints, or retry when capacity frees up."
+        fix = " Fix: ask for less GPU memory or fewer GPUs, relax the type/UUID constraints, or retry later."
         return Outcome(deny(reason + "." + fix, warnings=warnings), "denied", fields)
 
     @staticmethod
