@@ -42,9 +42,15 @@ class Runtime:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.state = await start_state(self.config.state)
-        self.ledger = self.state.ledger
-        self.state.collector.on_snapshot.append(self.on_snapshot)
+        self.adopt(await start_state(self.config.state))
+
+    def adopt(self, layer: StateLayer) -> None:
+        """Decide on an already started state layer (the drills build theirs around real agents)."""
+        self.state = layer
+        self.ledger = layer.ledger
+        layer.collector.on_snapshot.append(self.on_snapshot)
+        if layer.collector.ready:
+            self.on_snapshot(layer.collector.snapshot)
 
     async def stop(self) -> None:
         if self.state is not None:
