@@ -102,7 +102,16 @@ def cmd_review(args: argparse.Namespace) -> int:
     from hami.review import run_review
 
     cfg = _load_config(args)
-    return run_review(cfg, args.files, output=args.output, state_file=args.state, out=sys.stdout)
+    return run_review(cfg, args.files, output=args.output, state_file=args.state, namespace=args.namespace)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from hami.state.snapshot_io import save
+    from hami.state_once import first_snapshot
+
+    save(_run(first_snapshot(_load_config(args))), args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -137,6 +146,10 @@ def parser() -> argparse.ArgumentParser:
     review.add_argument("--state", help="a saved snapshot (JSON) instead of the configured state sources")
     review.add_argument("--namespace", default="default", help="namespace for objects that name none")
     review.set_defaults(func=cmd_review)
+
+    snap = with_config(sub.add_parser("snapshot", help="save the current GPU state (for review --state)"))
+    snap.add_argument("--out", required=True)
+    snap.set_defaults(func=cmd_snapshot)
 
     drill = sub.add_parser("drill", help="failure drills (see docs/runbook.md)", add_help=False)
     drill.add_argument("rest", nargs=argparse.REMAINDER)

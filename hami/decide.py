@@ -225,6 +225,8 @@ class Decider:
             "score": round(decision.score, 3),
             "considered": decision.considered,
             "filtered": dict(decision.filtered),
+            # Why the others lost (runners-up) or failed (rejected): the "why not my node?" answer.
+            "candidates": [f"{v.node}: {v.reason}" for v in (*decision.runners_up, *decision.rejected)],
             "stale": decision.stale or None,
         }
 
