@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +62,16 @@ GPU_POD = {
 }
 
 
+UID_PLACEHOLDER = "__UID__"  # replaced per request: every admission is a distinct pod (own reservation)
+
+
 def review_body(workload: str, endpoint: str) -> bytes:
     obj = GPU_POD if workload == "gpu" else PLAIN_POD
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": str(uuid.uuid4()),
+            "uid": UID_PLACEHOLDER,
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "namespace": "default",
@@ -135,7 +137,14 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 120.0)
 WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-local f = io.open("%(body)s", "rb"); wrk.body = f:read("*a"); f:close()
+local f = io.open("%(body)s", "rb"); local body = f:read("*a"); f:close()
+local at = string.find(body, "__UID__", 1, true)
+local head, tail = string.sub(body, 1, at - 1), string.sub(body, at + 7)
+local counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format(nil, nil, nil, head .. "wrk-" .. counter .. tail)
+end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -173,8 +182,11 @@ async def _aiohttp_load(url: str, body: bytes, concurrency: int, seconds: float,
     interval = concurrency / rate if rate else 0.0
     headers = {"Content-Type": "application/json"}
 
+    head, _, tail = body.partition(UID_PLACEHOLDER.encode())
+    counter = 0
+
     async def worker(session: aiohttp.ClientSession, offset: float) -> None:
-        nonlocal errors
+        nonlocal errors, counter
         next_at = time.perf_counter() + offset
         while time.perf_counter() < deadline:
             if interval:
@@ -183,8 +195,10 @@ async def _aiohttp_load(url: str, body: bytes, concurrency: int, seconds: float,
                     await asyncio.sleep(delay)
                 next_at += interval
             started = time.perf_counter()
+            counter += 1
+            data = head + f"aio-{counter}".encode() + tail
             try:
-                async with session.post(url, data=body, headers=headers) as response:
+                async with session.post(url, data=data, headers=headers) as response:
                     await response.read()
                     if response.status != 200:
                         errors += 1
@@ -224,6 +238,28 @@ def run_aiohttp(
     return json.loads(out.strip().splitlines()[-1])
 
 
+def answer_mix(url: str, body: Path, samples: int = 20) -> dict[str, int]:
+    """What the server answered to a few extra requests after the run: a GPU run that ends in
+    'denied' (no capacity left) would be measuring the cheaper no-fit path."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    connection = http.client.HTTPSConnection(parts.hostname or "", parts.port, context=context, timeout=10)
+    head, _, tail = body.read_bytes().partition(UID_PLACEHOLDER.encode())
+    mix: dict[str, int] = {}
+    for i in range(samples):
+        connection.request("POST", parts.path, head + f"mix-{i}".encode() + tail, {"Content-Type": "application/json"})
+        response = json.loads(connection.getresponse().read()).get("response", {})
+        kind = "patched" if "patch" in response else "allowed" if response.get("allowed") else "denied"
+        mix[kind] = mix.get(kind, 0) + 1
+    connection.close()
+    return mix
+
+
 def measure(
     name: str, server_cmd: list[str], port: int, endpoint: str, body: Path, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
@@ -252,6 +288,7 @@ def measure(
         cpu_used = cpu_seconds(proc.pid) - cpu_before
         result["cpu_us_per_admission"] = cpu_used / max(1, result["requests"]) * 1e6
         result["rss_mb"] = rss_mb(proc.pid)
+        result["answers"] = answer_mix(url, body)
         result["load_generator"] = "wrk" if use_wrk else "aiohttp"
         return result
     finally:
@@ -263,21 +300,38 @@ def measure(
         log.close()
 
 
-def webhook_config(args: argparse.Namespace, tmp: Path, port: int) -> Path:
-    """The bench's webhook config: the embedded defaults plus the cluster size and ledger asked for."""
-    from bench.cluster import write_bench_config
-
-    return write_bench_config(args, tmp, port)
+def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return proc, f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="hami-bench-"))
     body = tmp / "review.json"
     body.write_bytes(review_body(args.workload, args.endpoint))
+    from bench.cluster import write_bench_config
+
     port = free_port()
-    config = webhook_config(args, tmp, port)
-    webhook_cmd = [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)]
-    webhook = measure("webhook", webhook_cmd, port, args.endpoint, body, args, tmp)
+    redis = start_redis(tmp) if args.ledger == "redis" else None
+    try:
+        config = write_bench_config(args, tmp, port, redis[1] if redis else "")
+        webhook_cmd = [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)]
+        webhook = measure("webhook", webhook_cmd, port, args.endpoint, body, args, tmp)
+    finally:
+        if redis:
+            redis[0].terminate()
+            redis[0].wait(10)
     null_port = free_port()
     null_cmd = [
         sys.executable,
@@ -306,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "null": {k: null[k] for k in ("rps", "p50_ms", "p90_ms", "p99_ms", "cpu_us_per_admission", "rss_mb")},
         "ratio": webhook["rps"] / null["rps"] if null["rps"] else 0.0,
         "load_generator": webhook["load_generator"],
+        "answers": webhook["answers"],
         "cores": len(cores()),
     }
 
@@ -321,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", choices=("plain", "gpu"), default="plain")
     parser.add_argument("--endpoint", choices=("validate", "mutate"), default="mutate")
     parser.add_argument("--nodes", type=int, default=1213, help="simulated GPU nodes (gpu workload)")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--refresh-s", type=float, default=5.0, help="collector refresh interval of the webhook")
     parser.add_argument("--ledger", choices=("memory", "redis"), default="memory")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)

@@ -71,14 +71,19 @@ def http_session(settings: StateSettings) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=settings.agents.concurrency))
 
 
-def simulated_inventory(path: str, seed: int = 0) -> StaticInventory:
-    """The embedded default: the simulated fleet read in-process, no agent processes needed."""
-    from hami.node.simulated import load_fleet  # the node package is only needed in this mode
+def simulated_inventory(path: str, seed: int = 0, fleet_size: int = 0) -> StaticInventory:
+    """The embedded default: the simulated fleet read in-process, no agent processes needed.
+
+    `fleet_size` > 0 generates that many nodes from the file's nodes (lazily, as agent.py's fleet
+    mode does), so benchmarks can run a 10,000-node cluster in one process."""
+    from hami.node.simulated import generate_fleet, load_fleet  # the node package is only needed here
 
     # A relative path is the working directory's, else the checkout's (`serve` run from elsewhere).
     found = Path(path)
     if not found.is_absolute() and not found.exists():
         found = Path(__file__).resolve().parents[2] / path
+    if fleet_size > 0:
+        return StaticInventory(generate_fleet(found, fleet_size, seed))
     return StaticInventory(load_fleet(found, seed))
 
 
@@ -107,7 +112,8 @@ async def build_inventory(settings: StateSettings) -> tuple[Inventory, Allocatio
     """The inventory the settings name, and the allocation source when it has one (Kubernetes)."""
     source = settings.inventory.source
     if source == "simulated":
-        return simulated_inventory(settings.inventory.simulated_file, settings.inventory.simulated_seed), None
+        inv = settings.inventory
+        return simulated_inventory(inv.simulated_file, inv.simulated_seed, inv.simulated_fleet_size), None
     if source == "static":
         inv = settings.inventory
         if inv.fleet_url and not inv.fleet_nodes:

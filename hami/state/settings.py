@@ -52,6 +52,7 @@ class InventorySettings:
     source: str = "simulated"  # simulated | static | kubernetes
     simulated_file: str = "config/sim/cluster.yaml"  # read in-process through hami.node.simulated.load_fleet
     simulated_seed: int = 0
+    simulated_fleet_size: int = 0  # >0: that many nodes cycling through the file's nodes (scale tests, benches)
     agents: dict[str, str] = field(default_factory=dict)  # static: node name -> agent base URL (http://h:p)
     fleet_url: str = ""  # static: one fleet agent serving /nodes/{name}/status ...
     fleet_nodes: tuple[str, ...] = ()  # ... for these node names
