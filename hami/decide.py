@@ -53,9 +53,7 @@ class Decider:
         if request.operation not in ("CREATE", "UPDATE") or request.object is None:
             return UNTOUCHED  # DELETE and CONNECT pass untouched
         try:
-            templates = pod_templates(request.object, request.namespace)
-            for template in templates:
-                template.containers()  # shape check: every container list and entry well-formed
+            templates = pod_templates(request.object, request.namespace)  # checks the containers' shape
         except WorkloadError as exc:
             raise ReviewError(f"request.object: {exc}", "request.object") from None
         if not templates:

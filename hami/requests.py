@@ -97,11 +97,11 @@ class GpuRequest:
 def resource_value(container: Mapping[str, Any], name: str) -> Any:
     """The container's limit for `name`, else its request, else None."""
     resources = container.get("resources")
-    if not isinstance(resources, Mapping):
+    if not isinstance(resources, dict):
         return None
     for section in ("limits", "requests"):
         values = resources.get(section)
-        if isinstance(values, Mapping) and name in values:
+        if isinstance(values, dict) and name in values:
             return values[name]
     return None
 

@@ -34,7 +34,7 @@ class SnapshotRuntime(Runtime):
     def __init__(self, config: Config, snapshot: Snapshot) -> None:
         super().__init__(config)
         self._fixed = snapshot
-        self.on_snapshot(snapshot)
+        self.apply_snapshot(snapshot)
 
     @property
     def snapshot(self) -> Snapshot:

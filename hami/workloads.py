@@ -43,34 +43,42 @@ class PodTemplate:
     spec: Mapping[str, Any]
     path: str
     pointer: str
+    # Read once when the template is made (shape errors surface there); every rule reuses it.
+    container_list: tuple[tuple[str, int, Mapping[str, Any]], ...] = ()
 
     @property
     def labels(self) -> Mapping[str, str]:
         labels = self.metadata.get("labels")
-        return labels if isinstance(labels, Mapping) else {}
+        return labels if isinstance(labels, dict) else {}
 
     @property
     def annotations(self) -> Mapping[str, str]:
         annotations = self.metadata.get("annotations")
-        return annotations if isinstance(annotations, Mapping) else {}
+        return annotations if isinstance(annotations, dict) else {}
 
-    def containers(self) -> list[tuple[str, int, Mapping[str, Any]]]:
+    def containers(self) -> tuple[tuple[str, int, Mapping[str, Any]], ...]:
         """(container kind, index, container) for every container of every kind."""
-        found: list[tuple[str, int, Mapping[str, Any]]] = []
-        for kind in CONTAINER_KINDS:
-            items = self.spec.get(kind) or []
-            if not isinstance(items, list):
-                raise WorkloadError(f"{self.path}.{kind} must be a list")
-            for index, container in enumerate(items):
-                if not isinstance(container, Mapping):
-                    raise WorkloadError(f"{self.path}.{kind}[{index}] must be an object")
-                found.append((kind, index, container))
-        return found
+        return self.container_list
+
+
+def read_containers(spec: Mapping[str, Any], path: str) -> tuple[tuple[str, int, Mapping[str, Any]], ...]:
+    # isinstance(x, dict), not Mapping: the objects come from JSON/YAML, and the ABC check costs
+    # several times more on a path that runs for every container of every admission.
+    found: list[tuple[str, int, Mapping[str, Any]]] = []
+    for kind in CONTAINER_KINDS:
+        items = spec.get(kind) or []
+        if not isinstance(items, list):
+            raise WorkloadError(f"{path}.{kind} must be a list")
+        for index, container in enumerate(items):
+            if not isinstance(container, dict):
+                raise WorkloadError(f"{path}.{kind}[{index}] must be an object")
+            found.append((kind, index, container))
+    return tuple(found)
 
 
 def object_name(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata")
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, dict):
         return ""
     name = metadata.get("name")
     if isinstance(name, str) and name:
@@ -82,7 +90,7 @@ def object_name(obj: Mapping[str, Any]) -> str:
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise WorkloadError(f"{where} must be an object")
     return value
 
@@ -96,7 +104,8 @@ def pod_templates(obj: Mapping[str, Any], namespace: str = "") -> list[PodTempla
         raise WorkloadError("metadata.namespace must be a string")
     name = object_name(obj)
     if kind == "Pod":
-        return [PodTemplate("Pod", name, ns, metadata, _mapping(obj.get("spec"), "spec"), "spec", "/spec")]
+        spec = _mapping(obj.get("spec"), "spec")
+        return [PodTemplate("Pod", name, ns, metadata, spec, "spec", "/spec", read_containers(spec, "spec"))]
     path = TEMPLATE_PATHS.get(kind) if isinstance(kind, str) else None
     if path is None:
         return []
@@ -105,14 +114,16 @@ def pod_templates(obj: Mapping[str, Any], namespace: str = "") -> list[PodTempla
         node = _mapping(node.get(key), ".".join(path[: depth + 1]))
     dotted = ".".join(path)
     pointer = "/" + "/".join(path)
+    spec = _mapping(node.get("spec"), f"{dotted}.spec")
     return [
         PodTemplate(
             kind,
             name,
             ns,
             _mapping(node.get("metadata"), f"{dotted}.metadata"),
-            _mapping(node.get("spec"), f"{dotted}.spec"),
+            spec,
             f"{dotted}.spec",
             f"{pointer}/spec",
+            read_containers(spec, f"{dotted}.spec"),
         )
     ]

@@ -86,6 +86,9 @@ class SimulatedNode:
         return self.faults.active(self._clock())
 
     async def read(self) -> NodeStatus:
+        # Yield first: a collector reading thousands of in-process nodes must not hold the event
+        # loop (and the admissions waiting on it) for the whole sweep.
+        await asyncio.sleep(0)
         active = self.active_faults()
         slow_s = max((f.slow_s for f in active), default=0.0)
         if slow_s > 0:

@@ -39,6 +39,9 @@ NO_ALLOCATIONS: Mapping[str, DeviceUsage] = MappingProxyType({})
 BREAKER_LEVEL = {STATE_CLOSED: metrics.BREAKER_CLOSED, STATE_HALF_OPEN: metrics.BREAKER_HALF_OPEN}
 
 
+YIELD_EVERY = 64  # nodes handled between two yields to the event loop during a refresh
+
+
 @dataclass(frozen=True, slots=True)
 class LastGood:
     status: NodeStatus
@@ -137,7 +140,10 @@ class Collector:
         allocations = self._allocations()
         now = self._clock()
         nodes = []
-        for name, (status, reason) in zip(sources, answers, strict=True):
+        for i, (name, (status, reason)) in enumerate(zip(sources, answers, strict=True)):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                # Thousands of nodes are a long stretch of CPU: let admissions in between.
+                await asyncio.sleep(0)
             if status is not None:
                 self._last[name] = LastGood(status, now)
             last = self._last.get(name)

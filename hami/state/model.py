@@ -71,16 +71,16 @@ class Snapshot:
     utilisation_known: bool = True  # False while Prometheus is unreachable
     version: int = 0  # increases with every snapshot the collector publishes
     _by_name: Mapping[str, Node] = field(default_factory=lambda: MappingProxyType({}), repr=False, compare=False)
+    # Derived once here, in the background: validation reads it on every admission.
+    largest_card_mib: int = field(default=0, init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", MappingProxyType({n.name: n for n in self.nodes}))
+        largest = max((g.memory_total_mib for n in self.nodes for g in n.gpus), default=0)
+        object.__setattr__(self, "largest_card_mib", largest)
 
     def node(self, name: str) -> Node | None:
         return self._by_name.get(name)
-
-    @property
-    def largest_card_mib(self) -> int:
-        return max((g.memory_total_mib for n in self.nodes for g in n.gpus), default=0)
 
 
 EMPTY_SNAPSHOT = Snapshot(nodes=(), taken_at=0.0, version=0)

@@ -33,7 +33,7 @@ _HOST_NAMESPACES = (("hostNetwork", "host-network"), ("hostPID", "host-pid"), ("
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, dict) else {}
 
 
 def _name(container: Mapping[str, Any], kind: str, index: int) -> str:

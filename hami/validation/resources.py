@@ -58,8 +58,8 @@ def _is_extended(name: str) -> bool:
 
 def _section(container: Mapping[str, Any], section: str) -> Mapping[str, Any]:
     resources = container.get("resources")
-    values = resources.get(section) if isinstance(resources, Mapping) else None
-    return values if isinstance(values, Mapping) else {}
+    values = resources.get(section) if isinstance(resources, dict) else None
+    return values if isinstance(values, dict) else {}
 
 
 def _field(base: str, section: str, name: str) -> str:
