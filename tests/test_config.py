@@ -124,3 +124,10 @@ def test_config_command_prints_effective_config() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["server"]["listen"] == "0.0.0.0:9443"
+
+
+def test_readme_reference_table_matches_the_code() -> None:
+    """Regenerate with: python hami_webhook.py config --reference (paste into README.md)."""
+    from hami.config_doc import reference_table
+
+    assert reference_table() in (ROOT / "README.md").read_text()
