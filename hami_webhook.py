@@ -165,6 +165,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["drill"]:  # argparse's REMAINDER cannot start with an option: hand over as is
+        from hami.drill import main as drill_main
+
+        return int(drill_main(argv[1:]) or 0)
     args = parser().parse_args(argv)
     return int(args.func(args))
 

@@ -157,13 +157,9 @@ class Decider:
         return Outcome(Verdict(True, warnings=warnings, patch=patch), "patched", fields)
 
     def _place(self, ask: GpuRequest, node_name: str | None) -> Decision:
-        return place(
-            ask,
-            self.runtime.placement_index,
-            self.runtime.ledger.overlay(),
-            self.runtime.config.placement,
-            node_name=node_name,
-        )
+        index = self.runtime.placement_index
+        # The index's settings: the placement section with the state layer's degradation mode.
+        return place(ask, index, self.runtime.ledger.overlay(), index.settings, node_name=node_name)
 
     def _items(self, decision: Decision, ask: GpuRequest) -> list[ReservationItem]:
         node = self.runtime.snapshot.node(decision.node or "")

@@ -6,8 +6,12 @@ killed, Prometheus killed, then everything restored. Per phase and mode it repor
 answered, errors, p99 latency, breaker states, and how many decisions used a stale node or were
 made while some node was excluded. Both modes run side by side on the same faults.
 
-The admission step is a parameter (`Admission`): the stand-in here reads the snapshot, takes the
-first device with room and reserves it; the lead passes the real decision code instead.
+Admissions go through the real decision code (`DecisionAdmission`): per mode a `Runtime` adopts
+the drill's collector and ledger, and `hami.decide.Decider` answers real AdmissionRequests, so
+validation, the placement engine, the ledger reservation and the patch all run as in `serve`.
+Every `pinned_every`-th pod asks for the faulted node by hostname: only those can show what each
+degradation mode does with a node it cannot see (the rest fit elsewhere, fresh nodes rank first).
+`--stand-in` swaps in the old first-fit stand-in (`first_fit_admission`) for comparison.
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import structlog
 
-from hami.state.collector import Collector
+from hami import config as config_mod
+from hami.admission import decode_review
+from hami.decide import Decider
+from hami.runtime import Runtime
+from hami.state.collector import Collector, StateLayer
 from hami.state.inventory import static_inventory
 from hami.state.ledger import InProcessLedger, Ledger, RedisLedger
 from hami.state.model import Freshness, ReservationItem, Snapshot
@@ -77,6 +86,8 @@ class DrillSettings:
     fail_max: int = 3
     reset_timeout_s: float = 2.0
     max_stale_s: float = 10.0
+    pinned_every: int = 4  # every Nth pod asks for the faulted node by hostname (0: none)
+    stand_in: bool = False  # admit with the first-fit stand-in instead of the real decision path
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +96,7 @@ class Outcome:
     node: str = ""
     freshness: Freshness | None = None
     reason: str = ""
+    error: bool = False  # what the webhook would have answered with a 500 (result "error")
 
 
 Admission = Callable[[Collector, Ledger, int], Awaitable[Outcome]]
@@ -119,6 +131,75 @@ def first_fit_admission(memory_mib: int, ttl_s: float) -> Admission:
         return Outcome(False, reason=result.reason)
 
     return admit
+
+
+# ---- the real decision path ----------------------------------------------------------------------
+
+
+def drill_review(seq: int, memory_mib: int, node: str = "") -> dict[str, Any]:
+    """An AdmissionReview for a new GPU pod, as kube-apiserver sends it (unique name per `seq`)."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "cuda",
+                "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
+                "resources": {"limits": {"nvidia.com/gpumem": str(memory_mib)}},
+            }
+        ]
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"drill-{seq}", "namespace": "drill"}, "spec": spec}
+    request = {
+        "uid": f"drill-{seq}",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "name": pod["metadata"]["name"],
+        "namespace": "drill",
+        "operation": "CREATE",
+        "userInfo": {"username": "drill", "groups": ["system:authenticated"]},
+        "object": pod,
+        "dryRun": False,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+class DecisionAdmission:
+    """The real path: one Runtime per collector (per degradation mode), answering through Decider."""
+
+    def __init__(self, settings: DrillSettings) -> None:
+        self.s = settings
+        self.deciders: dict[int, Decider] = {}  # id(collector) -> its mode's decider
+        self.calls: dict[int, int] = {}  # id(collector) -> admissions so far (the pinning count is per mode)
+        self.pin_node = ""  # the faulted node, which every pinned_every-th pod asks for
+
+    def attach(self, collector: Collector, ledger: Ledger, pin_node: str) -> None:
+        """Decide on this collector's snapshots with a config whose state section is the collector's.
+
+        placement.degradation is set to the same mode: Runtime builds its index from the state's
+        mode, but Decider passes config.placement to place(), whose filters read their own copy."""
+        state = asdict(collector.settings)
+        overrides = {"state": state, "placement": {"degradation": state["degradation"]}}
+        config = config_mod.load(None, environ={}, overrides=overrides)
+        runtime = Runtime(config)
+        runtime.adopt(StateLayer(collector, ledger, None))  # the drill closes the layer itself
+        self.deciders[id(collector)] = Decider(runtime)
+        self.pin_node = pin_node
+
+    async def __call__(self, collector: Collector, ledger: Ledger, seq: int) -> Outcome:
+        every, n = self.s.pinned_every, self.calls.get(id(collector), 0)
+        self.calls[id(collector)] = n + 1
+        node = self.pin_node if every > 0 and n % every == 0 else ""
+        request = decode_review(orjson.dumps(drill_review(seq, self.s.memory_mib, node)))
+        outcome = await self.deciders[id(collector)].decide(request, "mutate")
+        if outcome.result == "error":
+            return Outcome(False, reason=outcome.verdict.message, error=True)
+        decision = outcome.fields.get("decision") or {}
+        if outcome.result != "patched" or not decision.get("node"):
+            return Outcome(False, reason=outcome.verdict.message)
+        freshness = Freshness.STALE if decision.get("stale") else Freshness.FRESH
+        return Outcome(True, str(decision["node"]), freshness)
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -199,6 +280,7 @@ class PhaseStats:
     mode: str
     answered: int = 0
     admitted: int = 0
+    denied: int = 0  # answered with a denial (no fit, conflict): an answer, not an error
     errors: int = 0
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     stale_used: int = 0
@@ -224,7 +306,10 @@ class PhaseStats:
 class Drill:
     def __init__(self, settings: DrillSettings, admission: Admission | None = None) -> None:
         self.s = settings
-        self.admission = admission or first_fit_admission(settings.memory_mib, settings.reservation_ttl_s)
+        if admission is None:
+            stand_in = settings.stand_in
+            admission = first_fit_admission(settings.memory_mib, settings.reservation_ttl_s) if stand_in else None
+        self.admission: Admission = admission or DecisionAdmission(settings)
         self.tmp = Path(tempfile.mkdtemp(prefix="hami-drill-"))
         self.simulate = (
             (REPO / settings.simulate) if not Path(settings.simulate).is_absolute() else Path(settings.simulate)
@@ -267,19 +352,22 @@ class Drill:
                 inventory=InventorySettings(source="static", agents={n: a.url for n, a in self.agents.items()}),
             )
             ledger: Ledger
+            # Pods never bind in the drill: a short TTL is what frees their reservations.
+            ledger_settings = LedgerSettings(
+                timeout_s=0.1, prefix=f"{{drill-{mode}}}", retry_s=0.5, ttl_s=self.s.reservation_ttl_s
+            )
             if self.redis is not None:
-                ledger = RedisLedger(
-                    f"redis://{LOOPBACK}:{self.redis.port}/0",
-                    LedgerSettings(timeout_s=0.1, prefix=f"{{drill-{mode}}}", retry_s=0.5),
-                )
+                ledger = RedisLedger(f"redis://{LOOPBACK}:{self.redis.port}/0", ledger_settings)
             else:
-                ledger = InProcessLedger()
+                ledger = InProcessLedger(ledger_settings)
             prom = PromUtilisation(settings.prometheus) if self.prom else None
             collector = Collector(settings, static_inventory(settings), utilisation=prom, ledger=ledger)
             await ledger.start()
             await collector.start()
             await collector.wait_ready()
             self.stacks[mode] = (collector, ledger)
+            if isinstance(self.admission, DecisionAdmission):
+                self.admission.attach(collector, ledger, self.victim)
 
     async def _fault(self, node: str, body: dict[str, Any]) -> None:
         agent = self.agents[node]
@@ -308,9 +396,13 @@ class Drill:
         await asyncio.gather(*restarts)
         await asyncio.gather(*(self._fault(n, {"clear": True}) for n in self.agents))
 
+    @property
+    def victim(self) -> str:
+        """The node each fault hits (the others keep serving)."""
+        return next(iter(self.agents), "")
+
     async def _inject(self, phase: str) -> None:
-        names = list(self.agents)
-        victim = names[0]  # the node each fault hits (the others keep serving)
+        victim = self.victim
         if phase == "agent_down":
             self.agents[victim].kill()
         elif phase == "agent_slow":
@@ -334,9 +426,14 @@ class Drill:
             stats.errors += 1
             log.warning("drill.admission_failed", error=repr(exc))
             return
+        if outcome.error:
+            stats.errors += 1
+            log.warning("drill.admission_error", reason=outcome.reason)
+            return
         stats.latencies_ms.append((time.perf_counter() - started) * 1000)
         stats.answered += 1
         stats.admitted += outcome.admitted
+        stats.denied += not outcome.admitted
         stats.stale_used += outcome.freshness is Freshness.STALE
         stats.while_excluded += excluded
         stats.fallback_reserves += bool(getattr(ledger, "up", True) is False)
@@ -394,7 +491,7 @@ async def run_drill(settings: DrillSettings = DrillSettings(), admission: Admiss
 
 
 def render(results: Sequence[PhaseStats]) -> str:
-    head = f"{'phase':<18} {'mode':<12} {'answered':>8} {'admitted':>8} {'errors':>6} {'p99 ms':>8}"
+    head = f"{'phase':<18} {'mode':<12} {'answered':>8} {'admitted':>8} {'denied':>6} {'errors':>6} {'p99 ms':>8}"
     head += f" {'stale':>6} {'excl':>6}"
     lines = [head + "  breakers open / freshness not fresh"]
     for r in results:
@@ -402,8 +499,8 @@ def render(results: Sequence[PhaseStats]) -> str:
         degraded = ",".join(f"{n}={f}" for n, f in r.freshness.items() if f != "fresh") or "-"
         util = "" if r.utilisation_known else "  utilisation unknown"
         lines.append(
-            f"{r.phase:<18} {r.mode:<12} {r.answered:>8} {r.admitted:>8} {r.errors:>6} {r.p99_ms():>8.2f} "
-            f"{r.stale_used:>6} {r.while_excluded:>6}  {opened} / {degraded}{util}"
+            f"{r.phase:<18} {r.mode:<12} {r.answered:>8} {r.admitted:>8} {r.denied:>6} {r.errors:>6} "
+            f"{r.p99_ms():>8.2f} {r.stale_used:>6} {r.while_excluded:>6}  {opened} / {degraded}{util}"
         )
     return "\n".join(lines)
 
@@ -417,8 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=(CONSERVATIVE, AGGRESSIVE), help="default: both")
     parser.add_argument("--no-redis", action="store_true")
     parser.add_argument("--no-prometheus", action="store_true")
+    parser.add_argument("--stand-in", action="store_true", help="first-fit stand-in instead of the real decisions")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args(argv)
+    rest = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest[1:] if rest[:1] == ["--"] else rest)  # `hami_webhook.py drill -- ARGS`
     if not structlog.is_configured():  # logs to stderr, so --json output stays parseable
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     settings = replace(
@@ -429,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes=tuple(args.mode) if args.mode else defaults.modes,
         redis=not args.no_redis,
         prometheus=not args.no_prometheus,
+        stand_in=args.stand_in,
     )
     results = asyncio.run(run_drill(settings))
     if args.json:

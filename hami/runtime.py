@@ -6,6 +6,8 @@ bounded ledger round trip. Swapping is by plain assignment (one event loop, no l
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -16,6 +18,7 @@ from hami.config import Config
 from hami.observability import CONFIG_RELOADS, get_logger
 from hami.placement.index import PlacementIndex, build_index
 from hami.placement.settings import PlacementSettings
+from hami.queue import GateKeeper, start_gatekeeper
 from hami.settings_loader import SettingsError
 from hami.state.collector import StateLayer, start_state
 from hami.state.ledger import InProcessLedger, Ledger
@@ -23,6 +26,7 @@ from hami.state.model import EMPTY_SNAPSHOT, Snapshot
 from hami.validation import NamespaceUsage
 
 log = get_logger("hami.runtime")
+INDEX_YIELD_EVERY = 64  # nodes moved in the placement index between two yields to the event loop
 
 
 def placement_settings(config: Config) -> PlacementSettings:
@@ -39,6 +43,9 @@ class Runtime:
         self.state: StateLayer | None = None
         self.ledger: Ledger = InProcessLedger(config.state.ledger)  # replaced by the state layer's on start
         self.placement_index: PlacementIndex = build_index(EMPTY_SNAPSHOT, placement_settings(config))
+        self._pending_snapshot: Snapshot | None = None
+        self._index_task: asyncio.Task[None] | None = None
+        self.gatekeeper: GateKeeper | None = None  # queue mode: ungates gated pods (hami/queue.py)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -49,16 +56,25 @@ class Runtime:
         self.state = layer
         self.ledger = layer.ledger
         layer.collector.on_snapshot.append(self.on_snapshot)
+        # -- queue mode (hami/queue.py): after each snapshot, in its own task, ungate pods that now fit.
+        self.gatekeeper = start_gatekeeper(self, layer.collector.inventory, layer.collector.on_snapshot)
         if layer.collector.ready:
-            self.on_snapshot(layer.collector.snapshot)
+            self.apply_snapshot(layer.collector.snapshot)
 
     async def stop(self) -> None:
+        if self._index_task is not None:
+            self._index_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._index_task
+        if self.gatekeeper is not None:  # queue mode: before the inventory it patches through closes
+            await self.gatekeeper.close()
         if self.state is not None:
             await self.state.close()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         snapshot = self.snapshot
-        ready = self.state is not None and self.state.collector.ready
+        # Ready once placement can use the first snapshot, not merely once it exists.
+        ready = self.state is not None and self.state.collector.ready and self.placement_index.snapshot.version > 0
         return ready, {"snapshot_version": snapshot.version, "nodes": len(snapshot.nodes)}
 
     @property
@@ -67,20 +83,37 @@ class Runtime:
 
     # -- derived state, rebuilt in the background --------------------------------------------
     def on_snapshot(self, snapshot: Snapshot) -> None:
-        """Bring the placement index up to date with a new snapshot (collector task, not a request).
+        """Collector hook: follow the new snapshot in a background task, never on a request."""
+        self._pending_snapshot = snapshot
+        if self._index_task is None or self._index_task.done():
+            self._index_task = asyncio.create_task(self._follow_snapshots())
 
-        Changed nodes are moved between classes in place; only a changed node *set* rebuilds,
-        so a refresh of a 10,000-node cluster costs the nodes that changed, not all of them.
-        """
+    async def _follow_snapshots(self) -> None:
+        while self._pending_snapshot is not None:  # a snapshot that came meanwhile is taken next
+            snapshot, self._pending_snapshot = self._pending_snapshot, None
+            try:
+                await self._update_index(snapshot)
+            except Exception as exc:  # the old index keeps serving; the next snapshot retries
+                log.exception("placement_index_update_failed", error=repr(exc))
+
+    async def _update_index(self, snapshot: Snapshot) -> None:
+        """Changed nodes are moved between classes in place, yielding to admissions every few
+        nodes; only a changed node *set* rebuilds. A refresh of a 10,000-node cluster costs the
+        nodes that changed, spread over many short steps of the event loop."""
         index = self.placement_index
-        names = {n.name for n in snapshot.nodes}
-        if set(index.nodes) != names:
-            self.placement_index = build_index(snapshot, placement_settings(self.config), index.shapes)
+        if set(index.nodes) != {n.name for n in snapshot.nodes}:
+            self.apply_snapshot(snapshot)
             return
-        for node in snapshot.nodes:
+        for i, node in enumerate(snapshot.nodes):
+            if i % INDEX_YIELD_EVERY == INDEX_YIELD_EVERY - 1:
+                await asyncio.sleep(0)
             if index.nodes.get(node.name) != node:
                 index.update_node(node)
         index.snapshot = snapshot
+
+    def apply_snapshot(self, snapshot: Snapshot) -> None:
+        """The index for `snapshot`, built at once (start-up, review, a changed node set)."""
+        self.placement_index = build_index(snapshot, placement_settings(self.config), self.placement_index.shapes)
 
     def on_config_reloaded(self) -> None:
         self.placement_index = build_index(self.snapshot, placement_settings(self.config), self.placement_index.shapes)

@@ -37,6 +37,7 @@ VGPU_NODE = "hami.io/vgpu-node"
 DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
 WORKLOAD_TYPE = "hami.io/workload-type"
 RESERVATION = "hami.io/reservation"
+QUEUED = "hami.io/queued"
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -132,6 +133,13 @@ def agent_address(pod: Mapping[str, Any], port: int) -> tuple[str, str] | None:
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return str(node), f"http://{host}:{port}"
+
+
+def is_queued(pod: Mapping[str, Any]) -> bool:
+    """Held by the queue mode (hami/queue.py): annotated queued and still carrying a scheduling gate."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    gates = (pod.get("spec") or {}).get("schedulingGates")
+    return annotations.get(QUEUED) == "true" and isinstance(gates, list) and bool(gates)
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -252,6 +260,7 @@ class KubeInventory:
         self._agent_urls: dict[str, str] = {}  # node name -> base URL
         self._sources: dict[str, StatusSource] = {}
         self._pods: dict[str, PodAllocation] = {}
+        self._queued: dict[str, dict[str, Any]] = {}  # queue mode: gated pods, kept whole for hami/queue.py
         self._allocations: Mapping[str, DeviceUsage] = MappingProxyType({})
         self._usage: Mapping[str, NamespaceUsage] = MappingProxyType({})
         self._released: set[str] = set()  # reservation keys already handed to the ledger
@@ -278,6 +287,10 @@ class KubeInventory:
 
     def namespace_usage(self, namespace: str) -> NamespaceUsage:
         return self._usage.get(namespace, NamespaceUsage())
+
+    def queued_pods(self) -> list[dict[str, Any]]:
+        """Pods held by the queue mode's scheduling gate, as the watch last saw them (hami/queue.py)."""
+        return list(self._queued.values())
 
     def take_bound_reservations(self) -> list[str]:
         out, self._to_release = self._to_release, []
@@ -319,12 +332,18 @@ class KubeInventory:
 
     def _pods_listed(self, items: list[dict[str, Any]]) -> None:
         self._pods = {}
+        self._queued = {}
         for obj in items:
             self._pod_event("ADDED", obj, recompute=False)
         self._recompute()
 
     def _pod_event(self, kind: str, obj: dict[str, Any], recompute: bool = True) -> None:
         key = _name(obj)
+        # -- queue mode: track gated pods (hami/queue.py ungates them); they hold no allocation yet
+        if kind != "DELETED" and is_queued(obj):
+            self._queued[key] = obj
+        else:
+            self._queued.pop(key, None)
         alloc = None if kind == "DELETED" else pod_allocation(obj)
         if alloc is None and key not in self._pods:
             return  # a pod without our GPUs: most of a cluster's pod events end here
@@ -402,9 +421,11 @@ class KubeInventory:
         self._tasks = [asyncio.create_task(loop.run(), name=f"kube-watch-{loop.kind}") for loop in self.loops]
 
     async def patch_pod(self, namespace: str, name: str, patch: Any) -> None:
-        """Patch one pod (the scheduling-gate queue removes its gate with this)."""
+        """Patch one pod (the scheduling-gate queue removes its gate with this). A list is an RFC 6902
+        JSON patch, sent as such so its `test` ops guard it; a mapping is a strategic merge patch."""
         v1 = client.CoreV1Api(await self._client())
-        await v1.patch_namespaced_pod(name, namespace, patch)
+        kind = "application/json-patch+json" if isinstance(patch, list) else "application/strategic-merge-patch+json"
+        await v1.patch_namespaced_pod(name, namespace, patch, _content_type=kind)
 
     async def close(self) -> None:
         for task in self._tasks:
