@@ -12,16 +12,15 @@ TEMPLATE = Path(__file__).resolve().parent / "sim" / "fleet-template.yaml"
 
 
 def write_bench_config(args: argparse.Namespace, tmp: Path, port: int, redis_url: str = "") -> Path:
-    """The webhook under test: `--nodes` simulated 8-GPU nodes read in-process, and the ledger asked for.
+    """The webhook under test: `--nodes` simulated 8-GPU nodes read in-process (GPU workload; a
+    plain pod runs on the embedded 4-node default), and the ledger asked for.
 
     Reservations live 2 s (the pod watch would release them once pods are bound), so a long run at
     full speed keeps finding room instead of measuring the cheaper no-fit path.
     """
-    state: dict[str, Any] = {
-        "interval_s": args.refresh_s,
-        "inventory": {"simulated_file": str(TEMPLATE), "simulated_fleet_size": args.nodes},
-        "ledger": {"ttl_s": 2.0},
-    }
+    state: dict[str, Any] = {"interval_s": args.refresh_s, "ledger": {"ttl_s": 2.0}}
+    if args.workload == "gpu":  # a plain pod is measured on the embedded default inventory
+        state["inventory"] = {"simulated_file": str(TEMPLATE), "simulated_fleet_size": args.nodes}
     if redis_url:
         state["redis_url"] = redis_url
     config: dict[str, Any] = {

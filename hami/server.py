@@ -57,6 +57,8 @@ def _internal_error_verdict(runtime: Runtime) -> Verdict:
 def make_admission_handler(endpoint: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     with_patch = endpoint == "mutate"
     histogram = DURATION.labels(endpoint=endpoint)
+    # labels() costs a lock and a tuple build per call; the combinations are few, so keep the children.
+    counters: dict[tuple[str, str, str], Any] = {}
 
     async def handle(request: web.Request) -> web.Response:
         runtime = request.app[RUNTIME_KEY]
@@ -85,7 +87,11 @@ def make_admission_handler(endpoint: str) -> Callable[[web.Request], Awaitable[w
         answer = encode_review(review.api_version, review.uid, outcome.verdict, with_patch=with_patch)
         elapsed = time.perf_counter() - started
         histogram.observe(elapsed)
-        REQUESTS.labels(endpoint, review.operation, review.kind, outcome.result).inc()
+        key = (review.operation, review.kind, outcome.result)
+        counter = counters.get(key)
+        if counter is None:
+            counter = counters[key] = REQUESTS.labels(endpoint, *key)
+        counter.inc()
         decider.log_decision(review, endpoint, outcome, elapsed)
         return web.Response(body=answer, content_type="application/json")
 

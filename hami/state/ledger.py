@@ -343,6 +343,7 @@ return 1
 """
 
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
+TIMEOUTS_BEFORE_DOWN = 5  # consecutive reservation timeouts that mean Redis is gone, not just busy
 
 
 def _item_json(it: ReservationItem) -> list[Any]:
@@ -398,6 +399,7 @@ class RedisLedger:
         # This replica's live reservations in Redis: replayed after a Redis restart lost them.
         self._own: dict[str, Reservation] = {}
         self.up = True  # optimistic: the first failure flips it and logs once
+        self._timeouts = 0  # consecutive reservation timeouts
         self._task: asyncio.Task[None] | None = None
 
     # -- request path ----------------------------------------------------------------------------
@@ -408,9 +410,19 @@ class RedisLedger:
             try:
                 async with asyncio.timeout(self.settings.timeout_s):
                     result = await self._reserve_remote(key, items, ttl)
+            except TimeoutError as exc:
+                # Slow is not down: the script may have run, and falling back now would let two
+                # replicas promise the same room. Refuse (the caller re-places and retries with the
+                # same key, which replaces itself); only a run of timeouts means Redis is gone.
+                self._timeouts += 1
+                if self._timeouts < TIMEOUTS_BEFORE_DOWN:
+                    metrics.LEDGER_RESERVATIONS.labels("timeout").inc()
+                    return ReserveResult(False, "", "redis reservation timed out", "redis")
+                self._mark(False, exc)
             except _REDIS_DOWN as exc:
                 self._mark(False, exc)
             else:
+                self._timeouts = 0
                 metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
                 if not result.ok:
                     # Another replica took the room: the caller places again, on an overlay that knows it.

@@ -39,7 +39,9 @@ class CacheSettings:
 
 @dataclass(frozen=True, slots=True)
 class LedgerSettings:
-    timeout_s: float = 0.1  # one Redis reservation round trip (the only network call a request makes)
+    # One Redis reservation round trip (the only network call a request makes). A timeout refuses
+    # that attempt (the decision re-places); only a run of timeouts switches to the in-process ledger.
+    timeout_s: float = 0.25
     refresh_s: float = 0.2  # how often the local overlay is refreshed from Redis
     retry_s: float = 1.0  # while Redis is down, how often the background task tries it again
     ttl_s: float = 60.0  # default life of a reservation nobody released (pod never bound)
