@@ -140,6 +140,7 @@ async def _review(config: Config, paths: list[str], namespace: str, state_file: 
     try:
         if runtime.state is not None:
             await runtime.state.collector.wait_ready(10.0)
+            runtime.apply_snapshot(runtime.snapshot)  # no waiting for the background index update
         decider = Decider(runtime)
         results = []
         for _, obj in read_objects(paths):
