@@ -1,0 +1,31 @@
+"""The admission benchmark's quick mode keeps working (figures are printed, never asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("workload", ["plain", "gpu"])
+def test_admission_bench_quick_mode_prints_its_figures(workload: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "admission.py"), "--workload", workload, "--nodes", "20",
+         "--seconds", "1", "--warmup", "0", "--concurrency", "4", "--no-wrk", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_admission", "rss_mb", "ratio", "null"):
+        assert key in report
+    assert report["errors"] == 0, report
+    assert report["rps"] > 0 and report["null"]["rps"] > 0, report
+    if workload == "gpu":
+        assert report["answers"].get("patched", 0) > 0, report  # the GPU pods were really placed
+    else:
+        assert report["answers"] == {"allowed": 20}, report
