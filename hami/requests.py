@@ -28,9 +28,12 @@ class ResourceNames:
     memory_percent: tuple[str, ...] = ("nvidia.com/gpumem-percentage",)
     cores: tuple[str, ...] = ("nvidia.com/gpucores", "hami.io/vgpu-cores")
 
-    @property
-    def all(self) -> frozenset[str]:
-        return frozenset(self.count + self.memory_mib + self.memory_quantity + self.memory_percent + self.cores)
+    # Every name above, built once: asked for each container of each admission.
+    all: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        names = self.count + self.memory_mib + self.memory_quantity + self.memory_percent + self.cores
+        object.__setattr__(self, "all", frozenset(names))
 
 
 DEFAULT_NAMES = ResourceNames()

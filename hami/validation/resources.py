@@ -125,6 +125,11 @@ def read_container(
     raw_name = container.get("name")
     name = raw_name if isinstance(raw_name, str) and raw_name else f"{kind}[{index}]"
     path = f"{base_path}.{kind}[{index}]"
+    restartable = kind == "initContainers" and container.get("restartPolicy") == "Always"
+    gpu_names = names.all
+    if gpu_names.isdisjoint(_section(container, "limits")) and gpu_names.isdisjoint(_section(container, "requests")):
+        # Most containers ask for no GPU: skip the per-name lookups (this runs for every admission).
+        return ContainerGpu(kind, index, name, path, restartable, None, None, None, None, None, None, None), findings
     count, count_field = _integer(container, names.count, path, findings, name)
     memory_mib: int | None = None
     memory_field: str | None = None
@@ -144,7 +149,6 @@ def read_container(
     if memory_field is None:
         percent, memory_field = _integer(container, names.memory_percent, path, findings, name)
     cores, cores_field = _integer(container, names.cores, path, findings, name)
-    restartable = kind == "initContainers" and container.get("restartPolicy") == "Always"
     gpu = ContainerGpu(
         kind, index, name, path, restartable, count, count_field, memory_mib, percent, memory_field, cores, cores_field
     )
