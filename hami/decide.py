@@ -15,6 +15,7 @@ from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict, deny
 from hami.observability import PLACEMENTS, POLICY_RESULTS, get_logger
 from hami.placement.decision import Decision
 from hami.placement.engine import place
+from hami.queue import usage_of
 from hami.requests import GpuRequest, RequestError, gpu_request
 from hami.runtime import Runtime
 from hami.state.model import ReservationItem
@@ -127,8 +128,12 @@ class Decider:
         decision = self._place(ask, node_name)
         attempts = 0
         while decision.fits and not request.dry_run and cfg.mutation.placement == "pin":
-            result = await self.runtime.ledger.reserve(key, self._items(decision, ask))
+            items = self._items(decision, ask)
+            result = await self.runtime.ledger.reserve(key, items)
             if result.ok:
+                # Bake the reservation into the index now, O(devices): the next admission sees it
+                # without an O(overlay) sync. A key that re-reserves counts twice until the next sync.
+                self.runtime.placement_index.add_usage(usage_of(items))
                 break
             attempts += 1
             PLACEMENTS.labels(decision.policy, "reserve_conflict").inc()
@@ -143,7 +148,7 @@ class Decider:
                     "denied",
                     fields,
                 )
-            decision = self._place(ask, node_name)  # the ledger's overlay now shows the other booking
+            decision = self._place(ask, node_name, fresh=True)  # the ledger's overlay shows the other booking
         fields["decision"] = self._log_fields(decision)
         if not decision.fits:
             return self._no_fit(pod, ask, decision, node_name, warnings, fields)
@@ -156,10 +161,13 @@ class Decider:
             patch = mutation.pin_patch(pod, decision, key, cfg.mutation.topology_key)
         return Outcome(Verdict(True, warnings=warnings, patch=patch), "patched", fields)
 
-    def _place(self, ask: GpuRequest, node_name: str | None) -> Decision:
+    def _place(self, ask: GpuRequest, node_name: str | None, *, fresh: bool = False) -> Decision:
+        # The index carries the ledger's reservations (`applied`); catching up with expiries and
+        # other replicas is O(overlay), so it runs every `overlay_sync_s` (0.1 s), or now after a refusal.
+        self.runtime.sync_overlay(force=fresh)
         index = self.runtime.placement_index
         # The index's settings: the placement section with the state layer's degradation mode.
-        return place(ask, index, self.runtime.ledger.overlay(), index.settings, node_name=node_name)
+        return place(ask, index, index.applied, index.settings, node_name=node_name)
 
     def _items(self, decision: Decision, ask: GpuRequest) -> list[ReservationItem]:
         node = self.runtime.snapshot.node(decision.node or "")

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ class Runtime:
         self.state: StateLayer | None = None
         self.ledger: Ledger = InProcessLedger(config.state.ledger)  # replaced by the state layer's on start
         self.placement_index: PlacementIndex = build_index(EMPTY_SNAPSHOT, placement_settings(config))
+        self._overlay_synced_at = float("-inf")  # monotonic time of the index's last ledger sync
         self._pending_snapshot: Snapshot | None = None
         self._index_task: asyncio.Task[None] | None = None
         self.gatekeeper: GateKeeper | None = None  # queue mode: ungates gated pods (hami/queue.py)
@@ -110,13 +112,28 @@ class Runtime:
             if index.nodes.get(node.name) != node:
                 index.update_node(node)
         index.snapshot = snapshot
+        self.sync_overlay(force=True)  # expiries and releases since: off the request path
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         """The index for `snapshot`, built at once (start-up, review, a changed node set)."""
         self.placement_index = build_index(snapshot, placement_settings(self.config), self.placement_index.shapes)
+        self.sync_overlay(force=True)  # a new index starts without the ledger's reservations
 
     def on_config_reloaded(self) -> None:
         self.placement_index = build_index(self.snapshot, placement_settings(self.config), self.placement_index.shapes)
+        self.sync_overlay(force=True)
+
+    def sync_overlay(self, *, force: bool = False) -> None:
+        """Make the index's applied reservations equal to the ledger's overlay (expiries, releases,
+        other replicas' reservations). O(overlay), so the request path calls it unforced and it runs
+        at most every `overlay_sync_s`; between two syncs the index only ever over-counts (its own
+        reservations are added at once by the Decider, releases wait), which is conservative."""
+        now = time.monotonic()
+        index = self.placement_index
+        if not force and now - self._overlay_synced_at < index.settings.overlay_sync_s:
+            return
+        self._overlay_synced_at = now
+        index.sync_overlay(self.ledger.overlay())
 
     def namespace_usage(self, namespace: str) -> NamespaceUsage:
         """GPU use counted against the namespace's quota: pending reservations (what this and the

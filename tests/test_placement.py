@@ -238,3 +238,57 @@ def test_frag_beats_binpack_on_a_crafted_sequence() -> None:
             index.update_node(Node(chosen.name, gpus))
         outcomes[policy] = place(ask(1000, count=2), index, {}, s).fits
     assert outcomes == {"binpack": False, "frag": True}
+
+
+def fleet(size: int, used_gib: int = 0) -> list[Node]:
+    """`size` distinct nodes (used memory differs per node) of two 16 GiB cards."""
+    return [
+        node(f"n{i:05d}", gpu(f"n{i}", 0, memory_promised_mib=used_gib * GIB + i % 512, pods=1), gpu(f"n{i}", 1))
+        for i in range(size)
+    ]
+
+
+def test_nodes_checked_stay_bounded_when_the_cluster_grows_tenfold() -> None:
+    s = PlacementSettings()
+    checked = []
+    for size in (50, 500):
+        index = build_index(Snapshot(tuple(fleet(size))), s)
+        for policy in ("binpack", "spread"):
+            assert place(ask(node_policy=policy), index, {}, s).fits
+        checked.append(index.evaluations)
+    assert checked[1] <= 2 * checked[0] + 8  # best-first: the same handful, not 10x the nodes
+
+
+def test_overlay_moves_a_node_up_for_binpack_and_down_for_spread() -> None:
+    nodes = fleet(20)
+    s = PlacementSettings()
+    index = build_index(Snapshot(tuple(nodes)), s)
+    quiet = "n00003"
+    reserved = {"n3-gpu0": DeviceUsage(memory_mib=6 * GIB, cores=20, pods=2)}
+    assert place(ask(node_policy="binpack"), index, {}, s).node != quiet
+    assert place(ask(node_policy="binpack"), index, reserved, s).node == quiet
+    least = place(ask(node_policy="spread"), index, {}, s).node
+    assert least is not None
+    squeeze = {f"{index.nodes[least].gpus[0].uuid}": DeviceUsage(memory_mib=GIB, pods=1)}
+    assert place(ask(node_policy="spread"), index, squeeze, s).node != least
+    full = {g.uuid: DeviceUsage(memory_mib=16 * GIB, pods=1) for n in nodes for g in n.gpus if n.name != "n00011"}
+    assert place(ask(node_policy="spread"), index, full, s).node == "n00011"  # the only room left
+
+
+def test_max_nodes_scored_bounds_the_search_and_zero_means_all() -> None:
+    # Every node but the last lacks host CPU, which no bucket can see: only checking finds it.
+    nodes = [node(f"n{i:03d}", gpu(f"n{i}", 0), cpu_milli_free=0 if i < 30 else 8000) for i in range(31)]
+    request = ask(cpu_milli=1000)
+    assert not decide(nodes, request, max_nodes_scored=10).fits
+    assert decide(nodes, request, max_nodes_scored=10).filtered == {"host-resources": 10}
+    assert decide(nodes, request, max_nodes_scored=0).node == "n030"
+    assert decide(nodes, request).node == "n030"  # adaptive: at least 100 nodes
+
+
+def test_deny_counts_every_node_and_names_the_closest() -> None:
+    nodes = [*fleet(40, used_gib=14), node("sick", gpu("s", 0, healthy=False))]
+    d = decide(nodes, ask(10 * GIB, count=2))
+    assert not d.fits
+    assert sum(d.filtered.values()) == len(nodes)
+    assert d.rejected and all("needs" in v.reason or "unhealthy" in v.reason for v in d.rejected)
+    assert d.rejected[0].node.startswith("n")  # came closer (memory stage) than the unhealthy node

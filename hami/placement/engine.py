@@ -1,8 +1,11 @@
 """The placement engine: filters, then scores, over a PlacementIndex, like kube-scheduler's cycle.
 
-`place()` is pure over its inputs (the index's memo is a cache, not state that changes answers).
-Nodes are visited one *class* at a time (see index.py); nodes the ledger's overlay touches, or that a
-request names by UUID or hostname, are evaluated one by one with the overlay applied.
+`place()` answers as a pure function of the snapshot, the overlay and the request (the index's memo
+and its applied reservations are caches, not state that changes answers). binpack and spread (the
+webhook's policies) run a best-first search over the index's candidate lists (see search.py), in
+which the ledger's reservations are already applied; the other policies visit nodes one *class* at
+a time (see index.py), and nodes the overlay touches, or that a request names by UUID or hostname,
+one by one with the overlay applied.
 
 Ranking: tier first (fresh before stale, known utilisation before unknown), then the policy's score,
 then its secondary preference, then the index's fixed node order. `random` draws uniformly among
@@ -18,9 +21,18 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import MappingProxyType
 
 from hami.placement.decision import Decision, DeviceChoice, NodeVerdict
-from hami.placement.evaluate import STAGE_DEVICES, STAGE_NODE, NodeEval, device_context, evaluate_node, reject
+from hami.placement.evaluate import (
+    STAGE_DEVICES,
+    STAGE_NODE,
+    NodeEval,
+    closeness_key,
+    device_context,
+    evaluate_node,
+    reject,
+)
 from hami.placement.frag import ShapeMix
 from hami.placement.index import PlacementIndex, RequestView, build_index
+from hami.placement.search import SEARCH_POLICIES, best_first
 from hami.placement.selectors import HOSTNAME_LABEL, mentions_hostname
 from hami.placement.settings import POLICIES, PlacementSettings
 from hami.requests import GpuRequest
@@ -90,14 +102,42 @@ def place(
     node_name: str | None = None,
     rng_seed: int | None = None,
 ) -> Decision:
-    """Choose a node and devices for `request`, or say why none fits."""
+    """Choose a node and devices for `request`, or say why none fits.
+
+    `reserved` is the usage pending on devices beyond the snapshot (the ledger's overlay). binpack
+    and spread read it from the index, where it is baked in (`PlacementIndex.applied`): pass
+    `index.applied` itself to keep the request path free of any O(overlay) work (the webhook does,
+    and feeds the index with `apply_delta`/`sync_overlay`). Any other mapping is synced into the
+    index first, which costs O(overlay) unless it is the very mapping synced last (`last_synced`).
+    """
     policy = resolve_policy(request, settings)
     dctx = device_context(request, settings, index.snapshot.utilisation_known)
+    keep = max(0, settings.runners_up)
+    searchable = node_name is None and not request.use_uuids
+    search = policy in SEARCH_POLICIES and searchable and not mentions_hostname(request.node_selector, request.affinity)
+    if search and reserved is not index.applied:
+        index.sync_overlay(reserved)
+        reserved = index.applied
 
     def evaluate(node: Node) -> NodeEval:
         return evaluate_node(node, reserved, request, policy, settings, index.sctx, dctx)
 
     view: RequestView | None = None
+    if search:
+        # Quick-check rejections hold for the shape whatever the policy, under the index's settings.
+        memo = index.rejection_memo(request_key(request, "")) if settings is index.settings else None
+        found = best_first(request, index, settings, policy, keep + 1, evaluate, memo, dctx)
+        if not found.ranked:
+            return Decision(
+                node=None,
+                devices=(),
+                policy=policy,
+                score=0.0,
+                considered=found.considered,
+                filtered=MappingProxyType(dict(found.filtered)),
+                rejected=found.rejections(keep or 3),
+            )
+        return _decision(request, index, policy, found.ranked, found.considered, found.filtered)
     if node_name is not None:
         singles = [n for n in (index.node(node_name),) if n is not None]
     elif request.use_uuids:
@@ -114,7 +154,7 @@ def place(
         singles = [index.nodes[name] for name in sorted(dirty)]
         view = index.view(request_key(request, policy))
         _sync(view, index, request, evaluate)
-    cap = settings.max_nodes_scored if view is None else 0
+    cap = max(0, settings.max_nodes_scored) if view is None else 0
     single_verdicts = []
     for node in singles:
         verdict = evaluate(node)
@@ -135,7 +175,6 @@ def place(
         if not verdict.fits:
             filtered[verdict.reason_class] += 1
     filtered = Counter({k: v for k, v in filtered.items() if v > 0})
-    keep = max(0, settings.runners_up)
     ranked = _ranked(view, index, skip, single_verdicts, keep + 1, policy, rng_seed)
     if not ranked:
         return Decision(
@@ -147,6 +186,18 @@ def place(
             filtered=MappingProxyType(dict(filtered)),
             rejected=_rejections(view, index, skip, single_verdicts, keep or 3, evaluate),
         )
+    return _decision(request, index, policy, ranked, considered, filtered)
+
+
+def _decision(
+    request: GpuRequest,
+    index: PlacementIndex,
+    policy: str,
+    ranked: list[tuple[NodeEval, str]],
+    considered: int,
+    filtered: Mapping[str, int],
+) -> Decision:
+    """The decision for the first of `ranked`, the rest as runners-up."""
     verdict, chosen = ranked[0]
     node = index.nodes[chosen]
     devices = tuple(
@@ -310,16 +361,20 @@ def _rejections(
 ) -> tuple[NodeVerdict, ...]:
     """The failures that came closest (latest stage, most free memory), with their real reasons."""
     # Rank cheaply on (stage, closeness, first rank); build name lists only for the few kept.
-    failing: list[tuple[int, int, int, int, NodeEval]] = [
-        (-v.stage, -v.closeness, index.rank.get(n, 0), -1 - i, v) for i, (v, n) in enumerate(singles) if not v.fits
+    failing: list[tuple[tuple[bool, int, int, int], int, NodeEval]] = [
+        (closeness_key(v.stage, v.reason_class, v.closeness, index.rank.get(n, 0)), -1 - i, v)
+        for i, (v, n) in enumerate(singles)
+        if not v.fits
     ]
     if view is not None:
         classes = index.classes
         failing.extend(
-            (-v.stage, -v.closeness, classes[cid].ranks[0], cid, v) for cid, v in view.verdicts.items() if not v.fits
+            (closeness_key(v.stage, v.reason_class, v.closeness, classes[cid].ranks[0]), cid, v)
+            for cid, v in view.verdicts.items()
+            if not v.fits
         )
     best: list[tuple[NodeEval, list[str]]] = []
-    for _, _, _, cid, verdict in heapq.nsmallest(keep + len(skip), failing, key=lambda e: e[:3]):
+    for _, cid, verdict in heapq.nsmallest(keep + len(skip), failing, key=lambda e: e[0]):
         if cid < 0:
             names = [singles[-1 - cid][1]]
         else:

@@ -6,11 +6,12 @@ the index memoise it for every node in the same state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hami.placement.filters import (
     DEVICE_FILTERS,
+    OTHER_WORKLOAD,
     Device,
     DeviceContext,
     device_fits,
@@ -38,6 +39,10 @@ STAGE_NODE = 0
 STAGE_DEVICES = 1  # + index into DEVICE_FILTERS
 STAGE_FIT = STAGE_DEVICES + len(DEVICE_FILTERS)
 
+# Rejections the pod's own constraints cause: no change of GPU state can ever lift them, so a denial
+# names them last, after nodes that match the pod but lack room, health or freshness right now.
+CONSTRAINT_CLASSES = frozenset({"selector", "gpu-type", "gpu-uuid"})
+
 Assignment = tuple[tuple[int, int, int, int], ...]  # (container #, device position, memory MiB, cores)
 
 
@@ -54,8 +59,28 @@ class NodeEval:
     assignment: Assignment = ()
 
 
+def closeness_key(stage: int, reason_class: str, closeness: int, rank: int) -> tuple[bool, int, int, int]:
+    """Sort key of a rejection, closest first: constraint mismatches last, then the latest stage
+    (the node passed more filters), then the most free memory, then node order."""
+    return (reason_class in CONSTRAINT_CLASSES, -stage, -closeness, rank)
+
+
 def reject(reason_class: str, reason: str, stage: int, closeness: int = 0) -> NodeEval:
     return NodeEval(False, reason_class=reason_class, reason=reason, stage=stage, closeness=closeness)
+
+
+def _min_memory_on(request: GpuRequest) -> Callable[[int], int]:
+    """The smallest per-device memory ask by card size, memoised (asked once per device evaluated)."""
+    cache: dict[int, int] = {}
+    containers = request.containers
+
+    def on(card: int) -> int:
+        v = cache.get(card)
+        if v is None:
+            v = cache[card] = min((c.memory_on(card) for c in containers), default=0)
+        return v
+
+    return on
 
 
 def device_context(request: GpuRequest, settings: PlacementSettings, utilisation_known: bool) -> DeviceContext:
@@ -63,12 +88,19 @@ def device_context(request: GpuRequest, settings: PlacementSettings, utilisation
     if bound is None and request.workload_type:
         bound = settings.workload_max_util.get(request.workload_type)
     containers = request.containers
+    inactive = {
+        "gpu-type": not request.use_types and not request.nouse_types,
+        "gpu-uuid": not request.use_uuids and not request.nouse_uuids,
+        "separation": not settings.separate_workloads or (request.workload_type or "") not in OTHER_WORKLOAD,
+        "utilisation": bound is None,
+    }
     return DeviceContext(
         util_bound=bound,
         utilisation_known=utilisation_known,
-        min_memory_on=lambda card: min((c.memory_on(card) for c in containers), default=0),
+        min_memory_on=_min_memory_on(request),
         min_cores=min((c.cores for c in containers), default=0),
         needs_empty=bool(containers) and all(needs_whole_card(c) for c in containers),
+        inactive=frozenset(k for k, v in inactive.items() if v),
     )
 
 
@@ -193,7 +225,10 @@ def evaluate_node(
         return NodeEval(True, score=_score(policy, node, all_devices, all_devices, request, sctx)[0], tier=tier)
     need = max(c.count for c in request.containers)
     devices = all_devices
+    inactive = dctx.inactive
     for stage, (reason_class, device_filter) in enumerate(DEVICE_FILTERS, start=STAGE_DEVICES):
+        if reason_class in inactive:
+            continue
         kept, first_reason = [], ""
         for d in devices:
             why = device_filter(d, request, settings, dctx)

@@ -35,11 +35,13 @@ class ShapeMix:
 
     @staticmethod
     def from_counts(counts: Iterable[tuple[Shape, float]], threshold_pct: float = 60.0, step: int = 10) -> ShapeMix:
-        """The study's typical-pod walk: most popular shapes first, `step` at a time, until they
-        cover `threshold_pct` of all pods; then renormalised. Ties in popularity keep shape order."""
+        """The study's typical-pod walk (`GetTypicalPods`): most popular shapes first, `step` at a
+        time, until they cover `threshold_pct` of all pods; then renormalised. Equal popularity is
+        ordered as the study's reversed sort leaves it: larger CPU, then GPU share, count, model first."""
         ordered = sorted(
             ((s, w) for s, w in counts if w > 0),
-            key=lambda sw: (-sw[1], sw[0].count, sw[0].gpu_milli, sw[0].cpu_milli, sw[0].models),
+            key=lambda sw: (sw[1], sw[0].cpu_milli, sw[0].gpu_milli, sw[0].count, sw[0].models),
+            reverse=True,
         )
         total = sum(w for _, w in ordered)
         if total <= 0:
@@ -53,8 +55,8 @@ class ShapeMix:
         return ShapeMix(tuple((s, w / covered) for s, w in kept))
 
     @staticmethod
-    def from_shapes(shapes: Iterable[Shape], threshold_pct: float = 60.0) -> ShapeMix:
-        return ShapeMix.from_counts(Counter(shapes).items(), threshold_pct)
+    def from_shapes(shapes: Iterable[Shape], threshold_pct: float = 60.0, step: int = 10) -> ShapeMix:
+        return ShapeMix.from_counts(Counter(shapes).items(), threshold_pct, step)
 
 
 # When nothing has been seen yet: the openb trace's broad mix (whole cards dominate, then the
@@ -78,6 +80,9 @@ DEFAULT_MIX = ShapeMix(
 def shape_frag(free: tuple[int, ...], cpu_free: int | None, model: str, shape: Shape) -> int:
     """Milli-GPU of `free` (per-device free milli) that `shape` cannot use on this node."""
     total = sum(free)
+    if shape.count == 0 or shape.gpu_milli == 0:
+        # A host-only shape can use none of the free GPU share: the study counts all of it (XL/XR).
+        return total
     if shape.models and not any(m.lower() in model.lower() for m in shape.models):
         return total
     if cpu_free is not None and cpu_free < shape.cpu_milli:

@@ -6,6 +6,19 @@ request is evaluated once per class, and the answer is memoised per (class, requ
 a class the tie goes to the node first in the index's fixed order (node name order, or a seeded
 permutation), which is also the tie-break between classes with equal scores.
 
+Beside the classes, for binpack and spread (the webhook's policies) the index keeps every node as
+a `NodeRec` of plain ints, filed in *candidate lists* keyed by (tier, hardware group, bucket of its
+largest free device, level of its most free cores) and sorted by HAMi's usage score: a request
+asking m MiB and c% cores only looks at lists that can hold both, and within them walks the most
+(binpack) or least (spread) used nodes first, so a decision visits a handful of nodes instead of
+the cluster (see search.py's best-first search).
+
+The index also owns the ledger reservations it has *applied*: `applied` (GPU UUID -> usage) is baked
+into the node records and candidate lists exactly as if the snapshot had promised it, so the search
+never reads the overlay. `apply_delta` moves only the nodes whose devices changed (the webhook calls
+it after each reservation, O(devices reserved)); `sync_overlay` makes `applied` equal to a ledger
+overlay by diffing it (O(overlay): background, or at most every few hundred ms on the request path).
+
 Built by the collector in the background; `update_node` lets the background keep it current
 between snapshots (the trace replay uses it after every placement). Never built on the request path.
 """
@@ -15,18 +28,25 @@ from __future__ import annotations
 import bisect
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hami.placement.evaluate import NodeEval
 from hami.placement.frag import DEFAULT_MIX, FragModel, ShapeMix
-from hami.placement.scorers import ScoreContext
+from hami.placement.scorers import WEIGHT, ScoreContext
 from hami.placement.selectors import HOSTNAME_LABEL
 from hami.placement.settings import PlacementSettings
-from hami.state.model import Node, Snapshot
+from hami.state.model import DeviceUsage, Freshness, Node, Snapshot
 
 _VIEW_LIMIT = 512
+# A node's largest effective free device, in sixteenths of its group's card: a request needing m MiB
+# skips every bucket whose nodes all have less. Coarse on purpose: fewer lists, fewer heap heads.
+BUCKETS = 16
+TIER_UNKNOWN = -1  # never placeable; counted under "freshness"
 _LOG_LIMIT = 200_000
+_MEMO_SHAPES = 64  # request shapes whose quick-check rejections are remembered
+_MEMO_NODES = 4096  # rejections remembered per shape before the memo starts over
 
 
 @dataclass(slots=True)
@@ -75,6 +95,160 @@ class NodeClass:
     memory_free: int | None
 
 
+class DevRec(NamedTuple):
+    """One device's figures as placement's quick check needs them (the index's applied usage included)."""
+
+    uuid: str
+    total: int
+    free: int  # effective free MiB
+    cores_free: int
+    pods: int
+    ok: bool  # healthy, not too hot, ECC within bound (per the index's settings)
+    model: str  # lower-cased, as the type filter compares it
+
+
+class NodeRec(NamedTuple):
+    """A node as plain figures, precomputed in the background so a check is integer comparisons."""
+
+    name: str
+    rank: int
+    tier: int  # 0 fresh, 2 stale, TIER_UNKNOWN
+    group: tuple[int, int]  # (GPU count, smallest card MiB): HAMi's score per request is fixed per group
+    devs: tuple[DevRec, ...]
+    pods: int
+    cores: int  # promised cores, summed
+    used_mem: int  # total minus effective free, summed
+    total_mem: int
+    max_free: int
+    max_cores_free: int  # most free cores on one device, percent
+    cpu_free: int | None
+    memory_free: int | None
+
+
+ListKey = tuple[int, tuple[int, int], int, int]  # (tier, group, bucket, cores level)
+
+# A node's most free cores on one device, in levels: level L holds [CORE_LEVELS[L-1], CORE_LEVELS[L]).
+# A pod asking c% cores skips every level whose nodes all have less (nodes binpack filled up on
+# cores but not memory would otherwise top its lists for every such pod); whole cards need 100.
+CORE_LEVELS = (1, 10, 25, 50, 100)
+
+
+def bucket_of(mib: int, card: int) -> int:
+    """Bucket b holds free in [b·card/16, (b+1)·card/16); BUCKETS holds a whole free card (or more)."""
+    return min(BUCKETS, mib * BUCKETS // card) if card > 0 else 0
+
+
+def bucket_below(bucket: int, card: int, mib: int) -> bool:
+    """True when every node of `bucket` has less than `mib` free on its largest device."""
+    return bucket < BUCKETS and (bucket + 1) * card <= BUCKETS * mib
+
+
+def first_bucket(card: int, mib: int) -> int:
+    """The lowest bucket not below `mib` (bucket_below(b, card, mib) exactly when b < this)."""
+    if card <= 0:
+        return 0
+    return min(BUCKETS, max(0, BUCKETS * mib // card))
+
+
+def usage_score(rec: NodeRec, split: int) -> float:
+    """HAMi's node score before the request (binpack sorts by it descending, spread ascending)."""
+    n = len(rec.devs)
+    if not n:
+        return 0.0
+    return WEIGHT * (rec.pods / (split * n) + rec.cores / (100 * n) + rec.used_mem / (rec.total_mem or 1))
+
+
+def is_empty_usage(u: DeviceUsage | None) -> bool:
+    return u is None or (not u.memory_mib and not u.cores and not u.pods and not u.workload_types)
+
+
+def plus(a: DeviceUsage | None, b: DeviceUsage) -> DeviceUsage:
+    """Two usages of one device added up (what the ledger's sum does for two reservations)."""
+    if a is None:
+        return b
+    return DeviceUsage(
+        a.memory_mib + b.memory_mib, a.cores + b.cores, a.pods + b.pods, a.workload_types | b.workload_types
+    )
+
+
+def base_devs(node: Node, settings: PlacementSettings) -> tuple[DevRec, ...]:
+    """The node's devices as the snapshot has them (no applied usage); kept per node by the index."""
+    devs = []
+    for g in node.gpus:
+        ok = (
+            g.healthy
+            and (g.temperature_c is None or g.temperature_c <= settings.max_temperature_c)
+            and (g.ecc_uncorrected is None or g.ecc_uncorrected <= settings.max_ecc_uncorrected)
+        )
+        devs.append(
+            DevRec(
+                g.uuid, g.memory_total_mib, g.effective_free_mib, 100 - g.cores_promised, g.pods, ok, g.model.lower()
+            )
+        )
+    return tuple(devs)
+
+
+def node_rec(
+    node: Node,
+    rank: int,
+    settings: PlacementSettings,
+    applied: Mapping[str, DeviceUsage] | None = None,
+    base: tuple[DevRec, ...] | None = None,
+) -> NodeRec:
+    """The node's record with `applied` usage taken off its devices (as `device_view` does);
+    `base` is `base_devs(node, settings)` when the caller has it already."""
+    devs = base_devs(node, settings) if base is None else base
+    if applied:
+        out = []
+        for d in devs:
+            r = applied.get(d.uuid)
+            if r is not None:
+                d = DevRec(
+                    d.uuid,
+                    d.total,
+                    max(0, d.free - r.memory_mib),
+                    d.cores_free - r.cores,
+                    d.pods + r.pods,
+                    d.ok,
+                    d.model,
+                )
+            out.append(d)
+        devs = tuple(out)
+    pods = cores = used = total = 0
+    max_free = max_cores = 0
+    card = -1
+    for d in devs:
+        pods += d.pods
+        cores += 100 - d.cores_free
+        used += d.total - d.free
+        total += d.total
+        if d.free > max_free:
+            max_free = d.free
+        if d.cores_free > max_cores:
+            max_cores = d.cores_free
+        if card < 0 or d.total < card:
+            card = d.total
+    tier = _TIERS.get(node.freshness, TIER_UNKNOWN)
+    return NodeRec(
+        node.name,
+        rank,
+        tier,
+        (len(devs), max(card, 0)),
+        devs,
+        pods,
+        cores,
+        used,
+        total,
+        max_free,
+        max_cores,
+        node.cpu_milli_free,
+        node.memory_mib_free,
+    )
+
+
+_TIERS = {Freshness.FRESH: 0, Freshness.STALE: 2}
+
+
 class PlacementIndex:
     """Node classes, the tie order, the score context and the evaluation memo for one snapshot."""
 
@@ -103,6 +277,17 @@ class PlacementIndex:
         self.log: list[int] = []
         self.log_base = 0  # absolute position of log[0]
         self.views: OrderedDict[Hashable, RequestView] = OrderedDict()
+        self.memos: OrderedDict[Hashable, dict[str, tuple[NodeRec, tuple[int, str, int]]]] = OrderedDict()
+        self.recs: dict[str, NodeRec] = {}
+        self._base: dict[str, tuple[DevRec, ...]] = {}  # per node: its devices without applied usage
+        # Per list: (binpack order, spread order) of (sort key, rank); ties by rank in both.
+        self.lists: dict[ListKey, tuple[list[tuple[float, int]], list[tuple[float, int]]]] = {}
+        self.evaluations = 0  # nodes checked by the best-first search (tests bound it)
+        # Reservations baked into `recs`/`lists` (uuid -> usage; never an empty usage), and the
+        # overlay mapping they were last made equal to, by identity (None once a delta moved on).
+        self.applied: dict[str, DeviceUsage] = {}
+        self.last_synced: Mapping[str, DeviceUsage] | None = None
+        self._split = max(1, settings.max_pods_per_gpu)
         self.sctx = ScoreContext(
             split_count=max(1, settings.max_pods_per_gpu),
             max_cpu_milli=max((n.cpu_milli_free or 0 for n in snapshot.nodes), default=0),
@@ -128,6 +313,21 @@ class PlacementIndex:
         else:
             self.views.move_to_end(key)
         return view
+
+    def rejection_memo(self, key: Hashable) -> dict[str, tuple[NodeRec, tuple[int, str, int]]]:
+        """Per request shape: the quick check's rejection of a node, valid while its record is the
+        same object (records are replaced, never changed). Nodes full for a shape (cores, pods) stay
+        at the top of binpack's lists; the memo makes walking past them a lookup. LRU-bounded."""
+        memo = self.memos.get(key)
+        if memo is None:
+            memo = self.memos[key] = {}
+            if len(self.memos) > _MEMO_SHAPES:
+                self.memos.popitem(last=False)
+        else:
+            self.memos.move_to_end(key)
+            if len(memo) > _MEMO_NODES:  # entries of records long replaced: start over
+                memo.clear()
+        return memo
 
     def _changed(self, cid: int) -> None:
         self.log.append(cid)
@@ -178,6 +378,75 @@ class PlacementIndex:
             bisect.insort(self.classes[cid].ranks, rank)
         self._class_of_node[name] = cid
         self._changed(cid)
+        self._base.pop(name, None)  # a new state: its devices are read again
+        self._file(node, rank)
+
+    def _file(self, node: Node, rank: int) -> None:
+        """Move the node's record into the candidate list its new figures belong to."""
+        old = self.recs.get(node.name)
+        if old is not None:
+            key = _list_key(old)
+            binpack, spread = self.lists[key]
+            score = usage_score(old, self._split)
+            del binpack[bisect.bisect_left(binpack, (-score, rank))]
+            del spread[bisect.bisect_left(spread, (score, rank))]
+            if not binpack:
+                del self.lists[key]
+        base = self._base.get(node.name)
+        if base is None or self.nodes.get(node.name) is not node:
+            base = self._base[node.name] = base_devs(node, self.settings)
+        rec = self.recs[node.name] = node_rec(node, rank, self.settings, self.applied, base)
+        binpack, spread = self.lists.setdefault(_list_key(rec), ([], []))
+        score = usage_score(rec, self._split)
+        bisect.insort(binpack, (-score, rank))
+        bisect.insort(spread, (score, rank))
+
+    def apply_delta(self, changes: Mapping[str, DeviceUsage | None]) -> int:
+        """Set the applied usage of these UUIDs (absolute values; None or an empty usage removes it)
+        and re-file only the nodes they belong to. Returns how many nodes moved. O(devices changed).
+
+        A UUID of a node the index does not know yet is kept, and applied when the node arrives."""
+        touched: set[str] = set()
+        applied = self.applied
+        for uuid, usage in changes.items():
+            if is_empty_usage(usage):
+                if applied.pop(uuid, None) is None:
+                    continue
+            elif applied.get(uuid) == usage:
+                continue
+            else:
+                assert usage is not None
+                applied[uuid] = usage
+            name = self.uuid_node.get(uuid)
+            if name is not None:
+                touched.add(name)
+        self.last_synced = None  # `applied` no longer equals that mapping
+        self._refile(touched)
+        return len(touched)
+
+    def add_usage(self, shares: Mapping[str, DeviceUsage]) -> int:
+        """Add one reservation's per-device usage to what is applied (the webhook, after a reserve)."""
+        return self.apply_delta({uuid: plus(self.applied.get(uuid), share) for uuid, share in shares.items()})
+
+    def sync_overlay(self, overlay: Mapping[str, DeviceUsage]) -> int:
+        """Make `applied` equal to `overlay` (the ledger's), moving only the nodes that differ.
+
+        O(len(overlay) + len(applied)), so never per request: skipped outright when `overlay` is the
+        very mapping last synced, which the ledger hands out unchanged until a reservation changes."""
+        if overlay is self.last_synced:
+            return 0
+        applied = self.applied
+        changes: dict[str, DeviceUsage | None] = {u: v for u, v in overlay.items() if applied.get(u) != v}
+        changes.update((u, None) for u in applied if u not in overlay)
+        moved = self.apply_delta(changes) if changes else 0
+        self.last_synced = overlay
+        return moved
+
+    def _refile(self, names: Iterable[str]) -> None:
+        for name in names:
+            node = self.nodes.get(name)
+            if node is not None:
+                self._file(node, self.rank[name])
 
     def class_of(self, name: str) -> int:
         return self._class_of_node.get(name, -1)
@@ -185,6 +454,20 @@ class PlacementIndex:
     def class_nodes(self, cid: int) -> Iterator[str]:
         for rank in self.classes[cid].ranks:
             yield self.names[rank]
+
+
+def _list_key(rec: NodeRec) -> ListKey:
+    return (
+        rec.tier,
+        rec.group,
+        bucket_of(rec.max_free, rec.group[1]),
+        bisect.bisect_right(CORE_LEVELS, rec.max_cores_free),
+    )
+
+
+def first_level(cores: int) -> int:
+    """The lowest cores level not below a device need of `cores` percent."""
+    return bisect.bisect_right(CORE_LEVELS, cores)
 
 
 def build_index(

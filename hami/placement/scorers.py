@@ -84,3 +84,19 @@ def sigmoid(x: float) -> float:
 def fgd_score(delta_milli: float) -> int:
     """The study's node score: int(100·sigmoid(-Δ/1000)); the quantisation is part of its behaviour."""
     return int(sigmoid(-delta_milli / MILLI) * 100)
+
+
+def frag_rank(policy: str, delta_milli: float, before: Sequence[Device]) -> tuple[float, float]:
+    """(score, secondary preference) of a node for `fgd`/`frag`, given the change Δ of its expected
+    fragmentation and its devices before the pod.
+
+    fgd is the study's: the integer score alone, ties left to the index's node order (fixed for the
+    run). A secondary preference on the exact Δ undoes the consolidation that order gives (default
+    trace: about 7.1% GPU unallocated instead of 4.8%), so there is none.
+    frag adds half a point to nodes already in use, so an untouched node is opened only when it is
+    strictly better by FGD's integer score: empty nodes stay whole for whole-node pods. Half a point
+    keeps the integer ranking intact, and living in the score it also steers host-only pods."""
+    score = float(fgd_score(delta_milli))
+    if policy == "frag" and not all(d.empty for d in before):
+        score += 0.5
+    return score, 0.0

@@ -17,8 +17,23 @@ class PlacementSettings:
     workload_max_util: dict[str, float] = field(default_factory=lambda: {"latency-sensitive": 30.0})
     max_pods_per_gpu: int = 10  # HAMi's default device split count
     degradation: str = "conservative"  # conservative: stale/unknown-util excluded; aggressive: ranked lower
-    max_nodes_scored: int = (
-        0  # 0 scores every feasible node; N stops after N (kube-scheduler's percentageOfNodesToScore)
-    )
+    # binpack/spread: nodes the best-first search may check before it settles for what it found (or
+    # denies); -1 adaptive like kube-scheduler's percentageOfNodesToScore, 0 every node, N that many.
+    max_nodes_scored: int = -1
     runners_up: int = 3  # candidates kept in the decision to explain why they lost
+    # Seconds between two syncs of the index's applied reservations with the ledger's overlay on the
+    # request path (expiries, releases, other replicas); O(overlay) each, so not on every admission.
+    overlay_sync_s: float = 0.1
     frag_threshold_pct: float = 60.0  # shape mix covers the most popular shapes up to this share of requests
+
+
+def nodes_to_check(settings: PlacementSettings, cluster: int) -> int:
+    """The check budget for a cluster of `cluster` nodes; 0 means no limit.
+
+    Adaptive (-1) is kube-scheduler's formula: max(100, N·(50 − N/125)%), the percentage never
+    below 5%, so it grows sublinearly at first and as 5% of N beyond ~5,600 nodes.
+    """
+    if settings.max_nodes_scored >= 0:
+        return settings.max_nodes_scored
+    pct = max(5.0, 50.0 - cluster / 125)
+    return max(100, int(cluster * pct / 100))
