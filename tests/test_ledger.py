@@ -71,3 +71,39 @@ async def test_concurrent_burst_never_promises_more_than_capacity() -> None:
     results = await asyncio.gather(*(ledger.reserve(f"ns/p{i}", [item(mem=10, cap=1000)], 30) for i in range(300)))
     assert sum(r.ok for r in results) == 100
     assert ledger.overlay()["GPU-a"].memory_mib == 1000
+
+
+def test_used_on_matches_a_recount_of_the_live_reservations() -> None:
+    """The reserve path's per-device view equals summing every live reservation but the key's own."""
+    import random
+
+    from hami.state.ledger import Aggregate, Reservation
+
+    rng = random.Random(7)
+    agg = Aggregate()
+    live: dict[str, Reservation] = {}
+    uuids = [f"GPU-{i}" for i in range(6)]
+    for step in range(300):
+        key = f"ns/p{rng.randrange(40)}"
+        if rng.random() < 0.3:
+            agg.remove(key)
+            live.pop(key, None)
+        else:
+            items = tuple(
+                ReservationItem("n", rng.choice(uuids), rng.randrange(1, 9) * 256, rng.choice((0, 10, 30)), 10**6)
+                for _ in range(rng.randrange(1, 3))
+            )
+            reservation = Reservation(key, items, 10**9)
+            agg.add(reservation)
+            live[key] = reservation
+        probe = f"ns/p{rng.randrange(40)}"
+        got = agg.used_on(uuids, probe, now=float(step))
+        for uuid in uuids:
+            shares = [it for k, r in live.items() if k != probe for it in r.items if it.uuid == uuid]
+            pods = len({k for k, r in live.items() if k != probe for it in r.items if it.uuid == uuid})
+            if not pods:
+                assert uuid not in got or got[uuid].pods == 0
+                continue
+            assert got[uuid].memory_mib == sum(it.memory_mib for it in shares)
+            assert got[uuid].cores == sum(it.cores for it in shares)
+            assert got[uuid].pods == pods

@@ -201,16 +201,23 @@ class Aggregate:
             )
         return self._view
 
-    def view_without(self, key: str, now: float) -> Mapping[str, DeviceUsage]:
-        """The view as if `key` were not reserved (a key re-reserving replaces itself)."""
-        view = self.view(now)
-        r = self.reservations.get(key)
-        if r is None:
-            return view
-        out = dict(view)
-        for uuid, need in needs(r.items).items():
-            u = out[uuid]
-            out[uuid] = DeviceUsage(u.memory_mib - need.memory_mib, u.cores - need.cores, u.pods - 1, u.workload_types)
+    def used_on(self, uuids: Iterable[str], without_key: str, now: float) -> dict[str, DeviceUsage]:
+        """What is reserved on these devices only, as if `without_key` were not reserved.
+
+        The reserve path's view: O(devices of one pod). Building the whole overlay instead costs
+        O(every reserved device) after each change, so every reservation would pay for all others.
+        """
+        self.purge(now)
+        mine = needs(self.reservations[without_key].items) if without_key in self.reservations else {}
+        out: dict[str, DeviceUsage] = {}
+        for uuid in uuids:
+            if uuid not in self._mem:
+                continue
+            memory, cores, pods = self._mem[uuid], self._cores[uuid], self._pods[uuid]
+            own = mine.get(uuid)
+            if own is not None:
+                memory, cores, pods = memory - own.memory_mib, cores - own.cores, pods - 1
+            out[uuid] = DeviceUsage(memory, cores, pods, frozenset(self._types.get(uuid, ())))
         return out
 
     def namespace_usage(self, namespace: str, now: float) -> NamespaceUsage:
@@ -238,7 +245,7 @@ class InProcessLedger:
     ) -> ReserveResult:
         """The synchronous reserve; `base` is usage known from elsewhere (other replicas) to count too."""
         now = self._clock()
-        used = self._agg.view_without(key, now)
+        used = self._agg.used_on({it.uuid for it in items}, key, now)
         refused = first_overflow(items, merge_overlays(base, used) if base else used)
         if refused is not None:
             return ReserveResult(False, refused[0], refused[1])
@@ -430,7 +437,8 @@ class RedisLedger:
                         await self.refresh(self.settings.timeout_s)
                 return result
         # Other replicas' last known reservations count too: the fallback must not double-book them.
-        result = self._fallback.reserve_now(key, items, ttl, base=self._remote.view_without(key, self._clock()))
+        others = self._remote.used_on({it.uuid for it in items}, key, self._clock())
+        result = self._fallback.reserve_now(key, items, ttl, base=others)
         metrics.LEDGER_RESERVATIONS.labels("fallback_ok" if result.ok else "fallback_refused").inc()
         return ReserveResult(result.ok, result.refused_uuid, result.reason, "fallback")
 
