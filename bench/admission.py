@@ -279,6 +279,12 @@ def measure(
                 if use_wrk
                 else run_aiohttp(url, body, args.concurrency, args.warmup, 0, load_core)
             )
+        # The collector's background work (sweeping the simulated fleet, moving nodes in the
+        # placement index) costs CPU whether or not admissions arrive: measure its rate while
+        # idle, so the report can separate it from what one admission costs.
+        idle_start, idle_cpu = time.perf_counter(), cpu_seconds(proc.pid)
+        time.sleep(args.idle_s)
+        background_rate = (cpu_seconds(proc.pid) - idle_cpu) / (time.perf_counter() - idle_start)
         cpu_before = cpu_seconds(proc.pid)
         result = (
             run_wrk(url, body, args.concurrency, args.seconds, load_core, tmp)
@@ -287,6 +293,9 @@ def measure(
         )
         cpu_used = cpu_seconds(proc.pid) - cpu_before
         result["cpu_us_per_admission"] = cpu_used / max(1, result["requests"]) * 1e6
+        net = max(0.0, cpu_used - background_rate * result["seconds"])
+        result["cpu_us_per_admission_net"] = net / max(1, result["requests"]) * 1e6
+        result["background_cpu_ms_per_s"] = background_rate * 1000
         result["rss_mb"] = rss_mb(proc.pid)
         result["answers"] = answer_mix(url, body)
         result["load_generator"] = "wrk" if use_wrk else "aiohttp"
@@ -303,9 +312,21 @@ def measure(
 def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -356,6 +377,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": webhook["p99_ms"],
         "errors": webhook["errors"],
         "cpu_us_per_admission": webhook["cpu_us_per_admission"],
+        "cpu_us_per_admission_net": webhook["cpu_us_per_admission_net"],
+        "background_cpu_ms_per_s": webhook["background_cpu_ms_per_s"],
         "rss_mb": webhook["rss_mb"],
         "null": {k: null[k] for k in ("rps", "p50_ms", "p90_ms", "p99_ms", "cpu_us_per_admission", "rss_mb")},
         "ratio": webhook["rps"] / null["rps"] if null["rps"] else 0.0,
@@ -380,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledger", choices=("memory", "redis"), default="memory")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--idle-s", type=float, default=4.0, help="idle time that measures background CPU")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rate", type=float, default=0.0, help="fixed request rate (aiohttp load generator)")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load generator even if wrk exists")
@@ -398,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
             f"  webhook: {result['rps']:8.0f} req/s  p50 {result['p50_ms']:.2f} ms  p90 {result['p90_ms']:.2f} ms  "
             f"p99 {result['p99_ms']:.2f} ms  cpu {result['cpu_us_per_admission']:.0f} us/adm  "
             f"rss {result['rss_mb']:.0f} MB  errors {result['errors']}"
+        )
+        print(
+            f"           net of background: {result['cpu_us_per_admission_net']:.0f} us/adm; background "
+            f"(collector sweeps, index moves) {result['background_cpu_ms_per_s']:.0f} ms CPU per second"
         )
         print(
             f"  null:    {null['rps']:8.0f} req/s  p50 {null['p50_ms']:.2f} ms  p90 {null['p90_ms']:.2f} ms  "

@@ -6,6 +6,7 @@ Mirrors k8s.io/apimachinery/pkg/api/resource: binary suffixes (Ki..Ei), decimal 
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -36,6 +37,18 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(value: object) -> Fraction:
+    # The same few strings ("8Gi", "1", "500m") arrive in every pod: remember their parses.
+    if type(value) is str and len(value) <= 64:
+        return _parse_text(value)
+    return _parse_any(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
+    return _parse_any(value)
+
+
+def _parse_any(value: object) -> Fraction:
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int):

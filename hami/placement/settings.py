@@ -22,8 +22,10 @@ class PlacementSettings:
     max_nodes_scored: int = -1
     runners_up: int = 3  # candidates kept in the decision to explain why they lost
     # Seconds between two syncs of the index's applied reservations with the ledger's overlay on the
-    # request path (expiries, releases, other replicas); O(overlay) each, so not on every admission.
-    overlay_sync_s: float = 0.1
+    # request path; O(overlay) each, so not on every admission. This replica's own reservations are
+    # applied at once; the sync only brings expiries and releases (late = conservative) and other
+    # replicas' reservations (Redis' check stays the authority; a refused reservation syncs at once).
+    overlay_sync_s: float = 0.5
     frag_threshold_pct: float = 60.0  # shape mix covers the most popular shapes up to this share of requests
 
 
