@@ -153,6 +153,8 @@ class Decider:
         if not decision.fits:
             return self._no_fit(pod, ask, decision, node_name, warnings, fields)
         PLACEMENTS.labels(decision.policy, "placed").inc()
+        if not request.dry_run:
+            self.runtime.shapes.observe(decision, ask, self.runtime.snapshot)
         if cfg.mutation.placement == "shortlist":
             others = [v.node for v in decision.runners_up if v.fits][: cfg.mutation.shortlist_k - 1]
             nodes = [decision.node or "", *others]

@@ -17,8 +17,10 @@ from typing import Any
 from hami import config as config_mod
 from hami.config import Config
 from hami.observability import CONFIG_RELOADS, get_logger
+from hami.placement.frag import FragModel
 from hami.placement.index import PlacementIndex, build_index
 from hami.placement.settings import PlacementSettings
+from hami.placement.shapes_seen import ShapeTracker
 from hami.queue import GateKeeper, start_gatekeeper
 from hami.settings_loader import SettingsError
 from hami.state.collector import StateLayer, start_state
@@ -27,6 +29,7 @@ from hami.state.model import EMPTY_SNAPSHOT, Snapshot
 from hami.validation import NamespaceUsage
 
 log = get_logger("hami.runtime")
+SHAPES_REFRESH_EVERY = 200  # placements between two updates of frag's reference mix
 INDEX_YIELD_EVERY = 64  # nodes moved in the placement index between two yields to the event loop
 
 
@@ -44,6 +47,8 @@ class Runtime:
         self.state: StateLayer | None = None
         self.ledger: Ledger = InProcessLedger(config.state.ledger)  # replaced by the state layer's on start
         self.placement_index: PlacementIndex = build_index(EMPTY_SNAPSHOT, placement_settings(config))
+        self.shapes = ShapeTracker()  # what frag measures fragmentation against
+        self._shapes_applied = 0
         self._overlay_synced_at = float("-inf")  # monotonic time of the index's last ledger sync
         self._pending_snapshot: Snapshot | None = None
         self._index_task: asyncio.Task[None] | None = None
@@ -113,6 +118,18 @@ class Runtime:
                 index.update_node(node)
         index.snapshot = snapshot
         self.sync_overlay(force=True)  # expiries and releases since: off the request path
+        self._refresh_shape_mix()
+
+    def _refresh_shape_mix(self) -> None:
+        """frag's reference mix, learned from placed pods, every SHAPES_REFRESH_EVERY placements."""
+        if self.shapes.seen - self._shapes_applied < SHAPES_REFRESH_EVERY:
+            return
+        self._shapes_applied = self.shapes.seen
+        mix = self.shapes.mix(self.config.placement.frag_threshold_pct)
+        if mix is not None:
+            index = self.placement_index
+            index.shapes = mix
+            index.sctx = dataclasses.replace(index.sctx, frag=FragModel(mix))
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         """The index for `snapshot`, built at once (start-up, review, a changed node set)."""
