@@ -26,7 +26,7 @@ from hami.placement.scorers import (
     ScoreContext,
     ask_milli,
     device_order,
-    fgd_score,
+    frag_rank,
     free_milli,
     hami_node_score,
 )
@@ -136,7 +136,12 @@ def _fit(
 
 
 def _frag_choice(
-    node: Node, devices: list[Device], all_devices: list[Device], request: GpuRequest, sctx: ScoreContext
+    node: Node,
+    devices: list[Device],
+    all_devices: list[Device],
+    request: GpuRequest,
+    sctx: ScoreContext,
+    policy: str,
 ) -> tuple[float, Assignment, float] | None:
     """FGD for one fractional device: try each device with room, keep the least fragmenting (first
     by index on equal integer score, as the study does). Returns (score, assignment, exact -Δ)."""
@@ -160,9 +165,9 @@ def _frag_choice(
         after_free = list(before_free)
         after_free[i] = max(0, after_free[i] - ask_milli(c, d))
         delta = sctx.frag.frag(tuple(after_free), cpu_after, model) - before
-        score = float(fgd_score(delta))
+        score, tiebreak = frag_rank(policy, delta, all_devices)
         if best is None or score > best[0]:
-            best = (score, ((0, d.pos, mem, c.cores),), -delta)
+            best = (score, ((0, d.pos, mem, c.cores),), tiebreak)
     return best
 
 
@@ -196,8 +201,7 @@ def _score(
         worst = max((101.0 if d.gpu.utilisation is None else d.gpu.utilisation for d in used), default=0.0)
         return -worst, 0.0
     if policy in ("frag", "fgd"):
-        delta = _frag_delta(node, devices, after, request, sctx)
-        return float(fgd_score(delta)), -delta
+        return frag_rank(policy, _frag_delta(node, devices, after, request, sctx), devices)
     return 0.0, 0.0  # random: the engine draws among feasible nodes
 
 
@@ -246,7 +250,7 @@ def evaluate_node(
     if policy in ("frag", "fgd") and len(request.containers) == 1 and request.containers[0].count == 1:
         c = request.containers[0]
         if not needs_whole_card(c) and ask_milli(c, devices[0]) < 1000:
-            chosen = _frag_choice(node, devices, all_devices, request, sctx)
+            chosen = _frag_choice(node, devices, all_devices, request, sctx, policy)
             if chosen is None:
                 return reject("capacity", _capacity_reason(request, devices), STAGE_FIT, closeness)
             return NodeEval(True, chosen[0], chosen[2], tier, assignment=chosen[1])
