@@ -80,6 +80,9 @@ def load_pods(path: Path) -> list[TracePod]:
     return pods
 
 
-def typical_mix(pods: list[TracePod], threshold_pct: float = 60.0) -> ShapeMix:
-    """The study's typical pods: GPU pods' shapes by popularity, cut at `threshold_pct`."""
-    return ShapeMix.from_shapes((p.shape() for p in pods if p.num_gpu > 0), threshold_pct)
+def typical_mix(pods: list[TracePod], threshold_pct: float = 95.0, step: int = 1, cpu_pods: bool = True) -> ShapeMix:
+    """The study's typical pods as its experiments configure them (`typicalPodsConfig` in
+    `scripts/generate_config_and_run.py`: isInvolvedCpuPods true, podPopularityThreshold 95,
+    podIncreaseStep 1, gpuResWeight 0): every pod's (CPU, GPU share, GPU count, model) shape by
+    popularity, cut at `threshold_pct`. Host-only shapes count all free GPU share as fragment."""
+    return ShapeMix.from_shapes((p.shape() for p in pods if cpu_pods or p.num_gpu > 0), threshold_pct, step)

@@ -4,7 +4,10 @@ Protocol ("Beware of Fragmentation", USENIX ATC 2023): pods shuffled by seed, de
 then pods resampled with replacement until the arrived GPU demand reaches 130% of cluster GPU
 capacity; each pod is tried once (no retries); host CPU and memory must fit. Reported at the moment
 the arrived demand reaches 100% of capacity: the share of GPU capacity still unallocated, and the
-cluster's expected fragmentation against the trace's typical shapes (both % of capacity).
+cluster's expected fragmentation against the trace's typical shapes (both % of capacity), plus the
+allocation-vs-arrival curve that bench/plots.py draws. CPU-only pods take part (host CPU/memory on GPU
+nodes); the typical shapes are built as the study's experiments configure them (see openb.typical_mix).
+Ties between equally scored nodes go by a node order random per seed and fixed for the run.
 
     python bench/replay.py --trace-dir ../shared/data/openb --pods openb_pod_list_default.csv \
         --policies random,bestfit,binpack,spread,fgd,frag --seeds 10 --json
@@ -14,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
+import os
+import platform
 import random
 import statistics
 import sys
@@ -32,6 +38,7 @@ from hami.placement.frag import FragModel, ShapeMix
 from hami.state.model import Node, Snapshot
 
 INFLATION = 1.3
+CURVE_STEP_PCT = 5  # allocation-vs-arrival curve resolution, % of capacity
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +51,7 @@ class RunResult:
     failed: int
     decisions: int
     us_per_decision: float
+    curve: tuple[float, ...] = ()  # allocated % of capacity at each CURVE_STEP_PCT of arrived demand
 
 
 def arrivals(pods: list[TracePod], capacity_milli: int, seed: int) -> list[TracePod]:
@@ -98,6 +106,7 @@ def run_one(args: tuple[Path, Path, str, int, int, int]) -> RunResult:
     placed = failed = 0
     spent = 0.0
     order = arrivals(pods, capacity, seed)
+    curve: list[float] = []
     for i, pod in enumerate(order):
         request = pod.request(policy)
         t0 = time.perf_counter()
@@ -111,6 +120,8 @@ def run_one(args: tuple[Path, Path, str, int, int, int]) -> RunResult:
         else:
             failed += 1
         arrived += pod.gpu_demand_milli
+        while arrived * 100 >= (len(curve) + 1) * CURVE_STEP_PCT * capacity:
+            curve.append(100 * allocated / capacity)
         if at_100 is None and arrived >= capacity:
             frag = cluster_frag(list(index.nodes.values()), mix)
             at_100 = (100 * (capacity - allocated) / capacity, 100 * frag / capacity)
@@ -119,7 +130,9 @@ def run_one(args: tuple[Path, Path, str, int, int, int]) -> RunResult:
             100 * (capacity - allocated) / capacity,
             100 * cluster_frag(list(index.nodes.values()), mix) / capacity,
         )
-    return RunResult(policy, seed, at_100[0], at_100[1], placed, failed, len(order), 1e6 * spent / len(order))
+    return RunResult(
+        policy, seed, at_100[0], at_100[1], placed, failed, len(order), 1e6 * spent / len(order), tuple(curve)
+    )
 
 
 def summarise(results: list[RunResult]) -> dict[str, dict[str, float | int]]:
@@ -135,6 +148,7 @@ def summarise(results: list[RunResult]) -> dict[str, dict[str, float | int]]:
             "us_per_decision": round(statistics.mean(r.us_per_decision for r in mine), 1),
             "failed_median": int(statistics.median(r.failed for r in mine)),
             "seeds": len(mine),
+            "curve": [round(statistics.median(c), 2) for c in zip(*(r.curve for r in mine), strict=False)],
         }
     return out
 
@@ -166,7 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_one(t) for t in tasks]
     summary = summarise(results)
     if args.json:
-        print(json.dumps({"trace": args.pods, "nodes": args.nodes, "seeds": seeds, "policies": summary}))
+        report = {
+            "trace": args.pods,
+            "nodes": args.nodes,
+            "seeds": seeds,
+            "curve_step_pct": CURVE_STEP_PCT,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {os.cpu_count()} CPUs",
+            "date": datetime.date.today().isoformat(),
+            "command": "python bench/replay.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "policies": summary,
+        }
+        print(json.dumps(report))
     else:
         print(f"{args.pods} on {args.nodes}, {seeds} seed(s)")
         for policy, row in summary.items():

@@ -42,4 +42,4 @@ class ShapeTracker:
         """The study's typical-shape mix over the recent window; None until enough pods were seen."""
         if len(self._recent) < self.minimum:
             return None
-        return ShapeMix.from_shapes(self._recent, threshold_pct)
+        return ShapeMix.from_shapes(self._recent, threshold_pct, step=1)  # as the study's experiments
