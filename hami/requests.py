@@ -109,6 +109,17 @@ def resource_value(container: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+def _asks_any(container: Mapping[str, Any], names: frozenset[str]) -> bool:
+    """Whether the container names any GPU resource: most do not, and then nothing else is read."""
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return False
+    limits, requests = resources.get("limits"), resources.get("requests")
+    return (isinstance(limits, dict) and not names.isdisjoint(limits)) or (
+        isinstance(requests, dict) and not names.isdisjoint(requests)
+    )
+
+
 def _first(container: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, Any] | None:
     for name in names:
         value = resource_value(container, name)
@@ -191,8 +202,9 @@ def gpu_request(template: PodTemplate, names: ResourceNames = DEFAULT_NAMES) -> 
     containers under Kubernetes' effective-request rule).
     """
     containers: list[ContainerGpuRequest] = []
+    gpu_names = names.all
     for kind, index, container in template.containers():
-        if kind != "containers":
+        if kind != "containers" or not _asks_any(container, gpu_names):
             continue
         request = container_request(container, kind, index, template.path, names)
         if request is not None and request.count > 0:

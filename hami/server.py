@@ -27,12 +27,14 @@ from hami.observability import (
     DURATION,
     INTERNAL_ERRORS,
     REQUESTS,
+    flush_logs,
     get_logger,
 )
 from hami.runtime import Runtime
 from hami.tls import ReloadingTls
 
 log = get_logger("hami.server")
+LOG_FLUSH_S = 0.25  # decision log lines reach stdout at most this late
 DECIDER_KEY = web.AppKey("decider", Decider)
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
 
@@ -173,6 +175,7 @@ class WebhookServer:
         poll_s = lambda: self.runtime.config.server.config_poll_s  # noqa: E731 - re-read: it may be reloaded
         self._tasks.append(asyncio.create_task(_poll(poll_s, self.tls.maybe_reload, "certificate")))
         self._tasks.append(asyncio.create_task(_poll(poll_s, self.runtime.maybe_reload_config, "config")))
+        self._tasks.append(asyncio.create_task(_poll(lambda: LOG_FLUSH_S, flush_logs, "log flush")))
         log.info("serving", listen=f"{host}:{self.port}", cert=str(self.tls.cert_file))
 
     async def stop(self) -> None:
@@ -183,3 +186,4 @@ class WebhookServer:
                 await task
         await self.runner.cleanup()
         await self.runtime.stop()
+        flush_logs()

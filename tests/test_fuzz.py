@@ -97,3 +97,21 @@ def test_random_reviews_never_5xx(tmp_path: Path) -> None:
             await asyncio.to_thread(inner)
 
     asyncio.run(scenario())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=mutated_reviews())
+def test_fast_and_careful_envelope_readers_agree(body: bytes) -> None:
+    """The fast path must never accept what the careful one refuses, nor read it differently."""
+    from hami.admission import ReviewError, _fast_request, _NotTypical, checked_request
+
+    doc = orjson.loads(body)
+    try:
+        careful = checked_request(doc)
+    except ReviewError:
+        careful = None
+    try:
+        fast = _fast_request(doc) if isinstance(doc, dict) else None
+    except _NotTypical:
+        return
+    assert fast == careful

@@ -449,3 +449,66 @@ def test_granularity_suggestion_fits_the_largest_card(mib: int, card: int, sugge
     obj = workload("Pod", pod_spec("containers", gpu(**{"nvidia.com/gpumem": mib})))
     [violation] = [v for v in run(obj, largest_card_mib=card) if v.rule == "vgpu-granularity"]
     assert f"use {suggest} MiB" in violation.message
+
+
+def test_trivially_clean_never_hides_a_violation() -> None:
+    """The fast path may only skip what the full rules would find nothing in: over the whole corpus,
+    every template it calls clean yields no finding when the rules run anyway."""
+    from pathlib import Path
+
+    import yaml
+
+    from hami.validation.engine import template_findings, trivially_clean
+    from hami.validation.model import ValidationContext
+    from hami.validation.settings import ValidationSettings
+    from hami.workloads import pod_templates
+
+    corpus = Path(__file__).parent / "corpus"
+    clean = dirty = 0
+    context = ValidationContext(operation="CREATE", namespace="team-a")
+    for path in sorted(corpus.glob("*.yaml")):
+        if path.name == "expected.yaml":
+            continue
+        for template in pod_templates(yaml.safe_load(path.read_text()), "team-a"):
+            if not trivially_clean(template):
+                dirty += 1
+                continue
+            clean += 1
+            import hami.validation.engine as engine
+
+            original = engine.trivially_clean
+            engine.trivially_clean = lambda _t: False  # run every rule on it
+            try:
+                findings = list(template_findings(template, context, ValidationSettings(), True))
+            finally:
+                engine.trivially_clean = original
+            assert findings == [], (path.name, findings)
+    assert clean >= 3 and dirty >= 50  # both paths are exercised
+
+
+@pytest.mark.parametrize(
+    "risk",
+    [
+        {"hostNetwork": True},
+        {"hostPID": True},
+        {"securityContext": {"windowsOptions": {"hostProcess": True}}},
+        {"volumes": [{"name": "v", "hostPath": {"path": "/var/run"}}]},
+        {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]},
+        {"containers": [{"name": "c", "image": "x", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]},
+        {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"example.com/dongle": 1}}}]},
+        {"initContainers": [{"name": "i", "image": "x", "securityContext": {"privileged": True}}]},
+        {"ephemeralContainers": [{"name": "e", "image": "x", "securityContext": {"windowsOptions": {}}}]},
+    ],
+)
+def test_anything_a_rule_reads_leaves_the_fast_path(risk: dict) -> None:
+    from hami.validation.engine import trivially_clean
+    from hami.workloads import pod_templates
+
+    base = {"name": "c", "image": "nginx", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
+            "securityContext": {"runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}}
+    spec = {"containers": [base], **risk}
+    (template,) = pod_templates({"kind": "Pod", "metadata": {"name": "p"}, "spec": spec}, "ns")
+    assert not trivially_clean(template)
+    (plain,) = pod_templates({"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [base]}}, "ns")
+    assert trivially_clean(plain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
@@ -16,7 +17,9 @@ from hami.validation.settings import ValidationSettings
 from hami.workloads import PodTemplate, pod_templates
 
 
+@functools.lru_cache(maxsize=8192)
 def _matches(value: str, patterns: tuple[str, ...]) -> bool:
+    # Namespaces, users and groups repeat: remember the verdict instead of re-running fnmatch.
     return any(fnmatchcase(value, pattern) for pattern in patterns)
 
 
@@ -33,10 +36,48 @@ def opted_out(template: PodTemplate, settings: ValidationSettings) -> bool:
     return bool(settings.opt_out_label) and template.labels.get(settings.opt_out_label) == settings.opt_out_value
 
 
+_NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+_HOST_FLAGS = ("hostNetwork", "hostPID", "hostIPC")
+
+
+def trivially_clean(template: PodTemplate) -> bool:
+    """True when no rule can fire: nothing host-level, no security context that widens anything,
+    no hostPath, only native resources. Most pods of a cluster are like this, and saying so costs a
+    fraction of running every rule. Anything unusual answers False and gets the full rules."""
+    spec = template.spec
+    if any(spec.get(flag) for flag in _HOST_FLAGS):
+        return False
+    context = spec.get("securityContext")
+    if context and not (type(context) is dict and "windowsOptions" not in context):
+        return False
+    volumes = spec.get("volumes")
+    if volumes and any(type(v) is not dict or "hostPath" in v for v in volumes):
+        return False
+    for _, _, container in template.container_list:
+        context = container.get("securityContext")
+        if context and not (
+            type(context) is dict
+            and not context.get("privileged")
+            and "windowsOptions" not in context
+            and not (context.get("capabilities") or {}).get("add")
+        ):
+            return False
+        resources = container.get("resources")
+        if resources:
+            if type(resources) is not dict:
+                return False
+            for section in resources.values():
+                if section and not (type(section) is dict and _NATIVE_RESOURCES.issuperset(section)):
+                    return False
+    return True
+
+
 def template_findings(
     template: PodTemplate, ctx: ValidationContext, settings: ValidationSettings, count_quota: bool
 ) -> Iterator[Finding]:
     """Every finding of every rule for one pod template, whatever the modes (the caller filters)."""
+    if trivially_clean(template):
+        return
     namespace = template.namespace or ctx.namespace
     yield from host_findings(template, settings.extra_runtime_sockets)
     gpus, malformed = read_template(template, settings.resources)
