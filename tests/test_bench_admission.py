@@ -15,9 +15,28 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("workload", ["plain", "gpu"])
 def test_admission_bench_quick_mode_prints_its_figures(workload: str) -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "admission.py"), "--workload", workload, "--nodes", "20",
-         "--seconds", "1", "--warmup", "0", "--idle-s", "0.5", "--concurrency", "4", "--no-wrk", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=180,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "admission.py"),
+            "--workload",
+            workload,
+            "--nodes",
+            "20",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0",
+            "--idle-s",
+            "0.5",
+            "--concurrency",
+            "4",
+            "--no-wrk",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -31,8 +31,11 @@ def test_lines_are_batched_and_errors_go_out_at_once() -> None:
     buffer = observability.LineBuffer(raw, limit=200)
     observability.LOG_SINK = buffer
     structlog.configure(
-        processors=[structlog.processors.add_log_level, observability._urgent_errors,
-                    structlog.processors.JSONRenderer(serializer=observability._orjson_dumps)],
+        processors=[
+            structlog.processors.add_log_level,
+            observability._urgent_errors,
+            structlog.processors.JSONRenderer(serializer=observability._orjson_dumps),
+        ],
         logger_factory=structlog.BytesLoggerFactory(buffer),
         cache_logger_on_first_use=False,
     )
@@ -60,22 +63,42 @@ def test_served_decisions_reach_stdout_within_the_flush_tick(tmp_path: Path) -> 
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--listen", f"127.0.0.1:{port}",
-         "--state-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
+        [
+            sys.executable,
+            str(ROOT / "hami_webhook.py"),
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
     )
     try:
         context = ssl.create_default_context()
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                  "request": {"uid": "log-1", "operation": "CREATE", "namespace": "default",
-                              "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                              "object": {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}}}
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "log-1",
+                "operation": "CREATE",
+                "namespace": "default",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}},
+            },
+        }
         deadline = time.monotonic() + 30
         while True:
             try:
-                request = urllib.request.Request(f"https://127.0.0.1:{port}/validate", json.dumps(review).encode(),
-                                                 {"Content-Type": "application/json"})
+                request = urllib.request.Request(
+                    f"https://127.0.0.1:{port}/validate",
+                    json.dumps(review).encode(),
+                    {"Content-Type": "application/json"},
+                )
                 urllib.request.urlopen(request, context=context, timeout=2).read()
                 break
             except OSError:

@@ -505,8 +505,12 @@ def test_anything_a_rule_reads_leaves_the_fast_path(risk: dict) -> None:
     from hami.validation.engine import trivially_clean
     from hami.workloads import pod_templates
 
-    base = {"name": "c", "image": "nginx", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
-            "securityContext": {"runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}}
+    base = {
+        "name": "c",
+        "image": "nginx",
+        "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": {"runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    }
     spec = {"containers": [base], **risk}
     (template,) = pod_templates({"kind": "Pod", "metadata": {"name": "p"}, "spec": spec}, "ns")
     assert not trivially_clean(template)
