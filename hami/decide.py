@@ -129,12 +129,16 @@ class Decider:
         attempts = 0
         while decision.fits and not request.dry_run and cfg.mutation.placement == "pin":
             items = self._items(decision, ask)
+            # Bake the pick into the index *before* awaiting the ledger, O(devices): admissions that
+            # run while this one waits for Redis see it and do not all pick the same best device.
+            # Undone if the ledger refuses. A key that re-reserves counts twice until the next sync.
+            index, usage = self.runtime.placement_index, usage_of(items)
+            index.add_usage(usage)
             result = await self.runtime.ledger.reserve(key, items)
             if result.ok:
-                # Bake the reservation into the index now, O(devices): the next admission sees it
-                # without an O(overlay) sync. A key that re-reserves counts twice until the next sync.
-                self.runtime.placement_index.add_usage(usage_of(items))
                 break
+            if self.runtime.placement_index is index:  # a rebuilt index synced from the ledger already
+                index.remove_usage(usage)
             attempts += 1
             PLACEMENTS.labels(decision.policy, "reserve_conflict").inc()
             if attempts >= RESERVE_ATTEMPTS:

@@ -135,6 +135,23 @@ def test_add_usage_sums_shares_of_one_device() -> None:
     assert (dev.free, dev.cores_free, dev.pods) == (14 * GIB, 80, 2)
 
 
+def test_remove_usage_takes_back_a_refused_pick() -> None:
+    """decide bakes its pick in before awaiting the ledger and takes it back when refused."""
+    s = PlacementSettings()
+    index = build_index(Snapshot(tuple(fleet(3))), s)
+    kept = DeviceUsage(memory_mib=GIB, cores=10, pods=1)
+    refused = DeviceUsage(memory_mib=2 * GIB, cores=30, pods=1)
+    index.add_usage({"n1-gpu1": kept})
+    before = index.recs["n00001"].devs[1]
+    index.add_usage({"n1-gpu1": refused, "n2-gpu0": refused})
+    index.remove_usage({"n1-gpu1": refused, "n2-gpu0": refused})
+    assert index.applied == {"n1-gpu1": kept}
+    assert index.recs["n00001"].devs[1] == before
+    fresh = build_index(Snapshot(tuple(fleet(3))), s)
+    fresh.add_usage({"n1-gpu1": kept})
+    assert index.recs == fresh.recs
+
+
 def test_a_full_device_in_applied_usage_is_never_offered() -> None:
     s = PlacementSettings()
     nodes = [Node("a", (gpu("a", 0),)), Node("b", (gpu("b", 0),))]

@@ -428,6 +428,22 @@ class PlacementIndex:
         """Add one reservation's per-device usage to what is applied (the webhook, after a reserve)."""
         return self.apply_delta({uuid: plus(self.applied.get(uuid), share) for uuid, share in shares.items()})
 
+    def remove_usage(self, shares: Mapping[str, DeviceUsage]) -> int:
+        """Take back what `add_usage` added (a reservation the ledger refused)."""
+        changes: dict[str, DeviceUsage | None] = {}
+        for uuid, share in shares.items():
+            current = self.applied.get(uuid)
+            if current is None:
+                continue
+            left = DeviceUsage(
+                current.memory_mib - share.memory_mib,
+                current.cores - share.cores,
+                current.pods - share.pods,
+                current.workload_types,
+            )
+            changes[uuid] = left if (left.memory_mib > 0 or left.cores > 0 or left.pods > 0) else None
+        return self.apply_delta(changes) if changes else 0
+
     def sync_overlay(self, overlay: Mapping[str, DeviceUsage]) -> int:
         """Make `applied` equal to `overlay` (the ledger's), moving only the nodes that differ.
 

@@ -182,6 +182,8 @@ class Collector:
         key = f"status:{name}"
         if self.cache is not None:
             cached = await self.cache.get(key)
+            if isinstance(cached, NodeStatus):  # L1 keeps the object as it was read
+                return cached, ""
             if cached is not None:
                 with contextlib.suppress(StatusError):
                     return parse_status(cached), ""
@@ -200,7 +202,7 @@ class Collector:
             reason = error_reason(exc)
         else:
             if self.cache is not None:
-                await self.cache.set(key, status.to_json())
+                await self.cache.set(key, status)  # orjson encodes the dataclass for L2 itself
             return status, ""
         metrics.NODE_QUERY_ERRORS.labels(name, reason.split(";")[0]).inc()
         return None, reason

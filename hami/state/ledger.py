@@ -431,7 +431,7 @@ class RedisLedger:
             else:
                 self._timeouts = 0
                 metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
-                if not result.ok:
+                if not result.ok and result.refused_uuid:
                     # Another replica took the room: the caller places again, on an overlay that knows it.
                     with contextlib.suppress(*_REDIS_DOWN):
                         await self.refresh(self.settings.timeout_s)
