@@ -73,3 +73,23 @@ async def test_redis_down_degrades_to_l1_without_errors(redis_server: RedisServe
         assert cache.redis_up is True
     finally:
         await cache.close()
+
+
+async def test_batched_reads_and_writes_share_node_answers_between_replicas(redis_server: RedisServer) -> None:
+    """One MSET publishes a refresh; another replica's MGET finds it; L1 never outlives L2."""
+    from hami.node.schema import GpuStatus, NodeStatus
+
+    status = NodeStatus("gpu-a", 1.0, "simulated", (GpuStatus("GPU-1", 0, "L4", 23034, 100, 22934),))
+    writer = TwoLevelCache(CacheSettings(l1_ttl_s=5.0, l2_ttl_s=0.5), redis_server.url)
+    reader = TwoLevelCache(CacheSettings(l1_ttl_s=5.0, l2_ttl_s=5.0), redis_server.url)
+    try:
+        await writer.set_many({"status:gpu-a": status, "status:gpu-b": status})
+        assert (await writer.get_many(["status:gpu-a"]))["status:gpu-a"] is status  # L1 keeps the object
+        found = await reader.get_many(["status:gpu-a", "status:gpu-b", "status:gpu-c"])
+        assert set(found) == {"status:gpu-a", "status:gpu-b"}
+        assert found["status:gpu-a"]["gpus"][0]["uuid"] == "GPU-1"  # from Redis: the JSON document
+        await asyncio.sleep(0.7)  # past the writer's 0.5 s L2 TTL: the reader's L1 copy went with it
+        assert await reader.get_many(["status:gpu-a"]) == {}
+    finally:
+        await writer.close()
+        await reader.close()

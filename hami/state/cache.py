@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 import structlog
 from aiocache import RedisCache, SimpleMemoryCache
+from aiocache.serializers import BaseSerializer
 
 from hami.state import metrics
 from hami.state.settings import CacheSettings
@@ -45,6 +47,19 @@ def l1_ttl(l1_ttl_s: float, l2_expires_at: float, now: float) -> float:
     return max(0.0, min(l1_ttl_s, l2_expires_at - now))
 
 
+class OrjsonSerializer(BaseSerializer):
+    """aiocache's JSON serializer uses the json module, which neither knows dataclasses nor is fast:
+    node answers are NodeStatus dataclasses, which orjson encodes as they are."""
+
+    DEFAULT_ENCODING = None  # bytes in, bytes out
+
+    def dumps(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def loads(self, value: bytes | None) -> Any:
+        return None if value is None else orjson.loads(value)
+
+
 class TwoLevelCache:
     def __init__(self, settings: CacheSettings, redis_url: str = "", clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
@@ -52,7 +67,12 @@ class TwoLevelCache:
         self._l1 = SimpleMemoryCache(namespace="l1")
         self._l2: RedisCache | None = None
         if redis_url:
-            self._l2 = RedisCache(namespace=settings.namespace, timeout=settings.timeout_s, **redis_endpoint(redis_url))
+            self._l2 = RedisCache(
+                namespace=settings.namespace,
+                timeout=settings.timeout_s,
+                serializer=OrjsonSerializer(),
+                **redis_endpoint(redis_url),
+            )
         self.redis_up: bool | None = None  # None until the first L2 round trip
 
     async def get(self, key: str) -> Any | None:
@@ -84,6 +104,52 @@ class TwoLevelCache:
             await self._l2_call(self._l2.set(key, {"exp": expires_at, "v": value}, ttl=float(self.settings.l2_ttl_s)))
         ttl = l1_ttl(self.settings.l1_ttl_s, expires_at, now)
         await self._l1.set(key, (value, min(expires_at, now + ttl)), ttl=ttl)
+
+    async def get_many(self, keys: list[str]) -> dict[str, Any]:
+        """The keys found in L1, then in L2 (one MGET for all the rest), as get() would find them.
+
+        A refresh asks for every node at once: per-key round trips cost thousands of Redis calls
+        per refresh on a large cluster, this costs one."""
+        now = self._clock()
+        found: dict[str, Any] = {}
+        entries = await self._l1.multi_get(keys) if keys else []
+        missing = []
+        for key, entry in zip(keys, entries, strict=True):
+            if entry is not None and entry[1] > now:
+                found[key] = entry[0]
+            else:
+                missing.append(key)
+        metrics.CACHE_HITS.labels("l1").inc(len(found))
+        metrics.CACHE_MISSES.labels("l1").inc(len(missing))
+        if self._l2 is None or not missing:
+            return found
+        docs = await self._l2_call(self._l2.multi_get(missing)) or [None] * len(missing)
+        back: list[tuple[str, Any]] = []
+        ttl = self.settings.l1_ttl_s
+        for key, doc in zip(missing, docs, strict=True):
+            if not isinstance(doc, dict) or float(doc.get("exp", 0)) <= now:
+                metrics.CACHE_MISSES.labels("l2").inc()
+                continue
+            metrics.CACHE_HITS.labels("l2").inc()
+            expires_at = float(doc["exp"])
+            ttl = min(ttl, l1_ttl(self.settings.l1_ttl_s, expires_at, now))
+            found[key] = doc["v"]
+            back.append((key, (doc["v"], min(expires_at, now + l1_ttl(self.settings.l1_ttl_s, expires_at, now)))))
+        if back and ttl > 0:
+            await self._l1.multi_set(back, ttl=ttl)  # the shortest: no L1 entry outlives its L2 entry
+        return found
+
+    async def set_many(self, values: dict[str, Any]) -> None:
+        """Store many values in both levels: one MSET to Redis (L2 first, so L1's expiry can follow it)."""
+        if not values:
+            return
+        now = self._clock()
+        expires_at = now + self.settings.l2_ttl_s
+        if self._l2 is not None:
+            docs = [(key, {"exp": expires_at, "v": value}) for key, value in values.items()]
+            await self._l2_call(self._l2.multi_set(docs, ttl=float(self.settings.l2_ttl_s)))
+        ttl = l1_ttl(self.settings.l1_ttl_s, expires_at, now)
+        await self._l1.multi_set([(k, (v, min(expires_at, now + ttl))) for k, v in values.items()], ttl=ttl)
 
     async def _l2_call(self, call: Any) -> Any:
         try:

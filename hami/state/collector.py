@@ -135,7 +135,13 @@ class Collector:
     async def refresh(self) -> Snapshot:
         sources = dict(self.inventory.sources())
         util_task = asyncio.create_task(self._utilisation())
-        answers = await asyncio.gather(*(self._read(name, src) for name, src in sources.items()))
+        cached = await self._cached(list(sources))
+        answers = await asyncio.gather(
+            *(self._answer(cached[name]) if name in cached else self._read(name, src) for name, src in sources.items())
+        )
+        if self.cache is not None:  # publish what this replica read, for the others: one round trip
+            fresh = {f"status:{n}": s for n, (s, _) in zip(sources, answers, strict=True) if s and n not in cached}
+            await self.cache.set_many(fresh)
         utilisation, utilisation_known = await util_task
         allocations = self._allocations()
         now = self._clock()
@@ -177,16 +183,26 @@ class Collector:
             )
         )
 
+    async def _cached(self, names: list[str]) -> dict[str, NodeStatus]:
+        """Node answers another replica (or this one) published within the cache's TTLs."""
+        if self.cache is None:
+            return {}
+        found = await self.cache.get_many([f"status:{n}" for n in names])
+        out: dict[str, NodeStatus] = {}
+        for key, value in found.items():
+            if isinstance(value, NodeStatus):  # L1 keeps the object as it was read
+                out[key[len("status:") :]] = value
+            else:
+                with contextlib.suppress(StatusError):
+                    out[key[len("status:") :]] = parse_status(value)
+        return out
+
+    @staticmethod
+    async def _answer(status: NodeStatus) -> tuple[NodeStatus | None, str]:
+        return status, ""
+
     async def _read(self, name: str, source: StatusSource) -> tuple[NodeStatus | None, str]:
         """(status, "") or (None, reason). Never raises, except cancellation."""
-        key = f"status:{name}"
-        if self.cache is not None:
-            cached = await self.cache.get(key)
-            if isinstance(cached, NodeStatus):  # L1 keeps the object as it was read
-                return cached, ""
-            if cached is not None:
-                with contextlib.suppress(StatusError):
-                    return parse_status(cached), ""
         breaker = self.breaker(name)
         try:
             async with self._sem:
@@ -201,8 +217,6 @@ class Collector:
         except Exception as exc:
             reason = error_reason(exc)
         else:
-            if self.cache is not None:
-                await self.cache.set(key, status)  # orjson encodes the dataclass for L2 itself
             return status, ""
         metrics.NODE_QUERY_ERRORS.labels(name, reason.split(";")[0]).inc()
         return None, reason
