@@ -134,7 +134,11 @@ class Decider:
             # Undone if the ledger refuses. A key that re-reserves counts twice until the next sync.
             index, usage = self.runtime.placement_index, usage_of(items)
             index.add_usage(usage)
-            result = await self.runtime.ledger.reserve(key, items)
+            self.runtime.pending[key] = usage  # kept through overlay syncs until the ledger answers
+            try:
+                result = await self.runtime.ledger.reserve(key, items)
+            finally:
+                self.runtime.pending.pop(key, None)
             if result.ok:
                 break
             if self.runtime.placement_index is index:  # a rebuilt index synced from the ledger already

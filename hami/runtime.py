@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from hami.placement.shapes_seen import ShapeTracker
 from hami.queue import GateKeeper, start_gatekeeper
 from hami.settings_loader import SettingsError
 from hami.state.collector import StateLayer, start_state
-from hami.state.ledger import InProcessLedger, Ledger
-from hami.state.model import EMPTY_SNAPSHOT, Snapshot
+from hami.state.ledger import InProcessLedger, Ledger, merge_overlays
+from hami.state.model import EMPTY_SNAPSHOT, DeviceUsage, Snapshot
 from hami.validation import NamespaceUsage
 
 log = get_logger("hami.runtime")
@@ -48,6 +49,8 @@ class Runtime:
         self.ledger: Ledger = InProcessLedger(config.state.ledger)  # replaced by the state layer's on start
         self.placement_index: PlacementIndex = build_index(EMPTY_SNAPSHOT, placement_settings(config))
         self.shapes = ShapeTracker()  # what frag measures fragmentation against
+        # Reservation key -> usage of a pick baked into the index while its ledger call is in flight.
+        self.pending: dict[str, Mapping[str, DeviceUsage]] = {}
         self._shapes_applied = 0
         self._overlay_synced_at = float("-inf")  # monotonic time of the index's last ledger sync
         self._pending_snapshot: Snapshot | None = None
@@ -150,7 +153,10 @@ class Runtime:
         if not force and now - self._overlay_synced_at < index.settings.overlay_sync_s:
             return
         self._overlay_synced_at = now
-        index.sync_overlay(self.ledger.overlay())
+        overlay = self.ledger.overlay()
+        if self.pending:  # picks awaiting the ledger are not in its overlay yet, but must stay counted
+            overlay = merge_overlays(overlay, *self.pending.values())
+        index.sync_overlay(overlay)
 
     def namespace_usage(self, namespace: str) -> NamespaceUsage:
         """GPU use counted against the namespace's quota: pending reservations (what this and the

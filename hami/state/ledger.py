@@ -350,6 +350,7 @@ return 1
 """
 
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
+REFUSAL_REFRESH_S = 0.2  # at most one full re-read of Redis' reservations per this, on refusals
 TIMEOUTS_BEFORE_DOWN = 5  # consecutive reservation timeouts that mean Redis is gone, not just busy
 
 
@@ -407,6 +408,7 @@ class RedisLedger:
         self._own: dict[str, Reservation] = {}
         self.up = True  # optimistic: the first failure flips it and logs once
         self._timeouts = 0  # consecutive reservation timeouts
+        self._refusal_read_at = -1e9  # local clock of the last full re-read a refusal caused
         self._task: asyncio.Task[None] | None = None
 
     # -- request path ----------------------------------------------------------------------------
@@ -431,8 +433,12 @@ class RedisLedger:
             else:
                 self._timeouts = 0
                 metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
-                if not result.ok and result.refused_uuid:
+                now = self._clock()
+                if not result.ok and result.refused_uuid and now - self._refusal_read_at >= REFUSAL_REFRESH_S:
                     # Another replica took the room: the caller places again, on an overlay that knows it.
+                    # Re-reading costs O(all live reservations): at most every REFUSAL_REFRESH_S, so a
+                    # burst of refusals does not turn into a burst of full reads.
+                    self._refusal_read_at = now
                     with contextlib.suppress(*_REDIS_DOWN):
                         await self.refresh(self.settings.timeout_s)
                 return result

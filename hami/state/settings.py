@@ -42,7 +42,9 @@ class LedgerSettings:
     # One Redis reservation round trip (the only network call a request makes). A timeout refuses
     # that attempt (the decision re-places); only a run of timeouts switches to the in-process ledger.
     timeout_s: float = 0.25
-    refresh_s: float = 0.2  # how often the local overlay is refreshed from Redis
+    # How often the local view of all replicas' reservations is re-read from Redis: O(live reservations)
+    # each time, and only a hint (Redis' own check decides), so not too often.
+    refresh_s: float = 1.0
     retry_s: float = 1.0  # while Redis is down, how often the background task tries it again
     ttl_s: float = 60.0  # default life of a reservation nobody released (pod never bound)
     max_connections: int = 64  # Redis connections of one replica; a burst beyond waits for one
