@@ -229,8 +229,11 @@ class GateKeeper:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Bounded: a client library that turns the cancellation into its own error must not
+            # make shutdown wait forever.
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self._task
             self._task = None
 
     async def _run(self) -> None:

@@ -277,6 +277,9 @@ class Collector:
             try:
                 await self.refresh()
             except Exception:  # the collector must outlive any single bad refresh
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from None  # a library turned our cancel into an error
                 log.exception("collector.refresh_failed")
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -297,8 +300,11 @@ class Collector:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Bounded: a client library that turns the cancellation into its own error must not
+            # make shutdown wait forever.
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self._task
             self._task = None
 
 

@@ -350,6 +350,7 @@ return 1
 """
 
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
+CLOSE_TIMEOUT_S = 2.0  # the longest close() waits for the background task and the connections
 REFUSAL_REFRESH_S = 0.2  # at most one full re-read of Redis' reservations per this, on refusals
 TIMEOUTS_BEFORE_DOWN = 5  # consecutive reservation timeouts that mean Redis is gone, not just busy
 
@@ -548,6 +549,11 @@ class RedisLedger:
                 await self.refresh()
                 await asyncio.sleep(self.settings.refresh_s)
             except _REDIS_DOWN as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # redis-py can turn our cancellation into a connection error mid-read: do not
+                    # swallow it, or close() would wait for this loop forever.
+                    raise asyncio.CancelledError from exc
                 self._mark(False, exc)
                 await asyncio.sleep(self.settings.retry_s)
 
@@ -562,6 +568,10 @@ class RedisLedger:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._redis.aclose()
+            # Bounded: shutting down must never hang on a Redis client stuck in a dead connection.
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self._task
+        with contextlib.suppress(*_REDIS_DOWN):
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._redis.aclose()
