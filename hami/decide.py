@@ -23,7 +23,7 @@ from hami.validation import Mode, ValidationContext, Violation, render_denial, v
 from hami.workloads import PodTemplate, WorkloadError, object_name, pod_templates
 
 log = get_logger("hami.decision")
-RESERVE_ATTEMPTS = 3  # a refused reservation (another replica took the room) re-plans this often
+RESERVE_ATTEMPTS = 5  # a refused reservation (another replica took the room) re-plans this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,10 @@ class Decider:
         return place(ask, index, index.applied, index.settings, node_name=node_name)
 
     def _items(self, decision: Decision, ask: GpuRequest) -> list[ReservationItem]:
-        node = self.runtime.snapshot.node(decision.node or "")
+        # The capacities come from the node state placement judged (the index's), not from a
+        # snapshot that may have arrived since: the two must agree or the ledger refuses a pick
+        # that placement thought fitted.
+        node = self.runtime.placement_index.node(decision.node or "")
         gpus = {g.uuid: g for g in node.gpus} if node else {}
         items = []
         for device in decision.devices:

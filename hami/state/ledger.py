@@ -351,7 +351,6 @@ return 1
 
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
 CLOSE_TIMEOUT_S = 2.0  # the longest close() waits for the background task and the connections
-REFUSAL_REFRESH_S = 0.2  # at most one full re-read of Redis' reservations per this, on refusals
 TIMEOUTS_BEFORE_DOWN = 5  # consecutive reservation timeouts that mean Redis is gone, not just busy
 
 
@@ -409,7 +408,6 @@ class RedisLedger:
         self._own: dict[str, Reservation] = {}
         self.up = True  # optimistic: the first failure flips it and logs once
         self._timeouts = 0  # consecutive reservation timeouts
-        self._refusal_read_at = -1e9  # local clock of the last full re-read a refusal caused
         self._task: asyncio.Task[None] | None = None
 
     # -- request path ----------------------------------------------------------------------------
@@ -434,12 +432,8 @@ class RedisLedger:
             else:
                 self._timeouts = 0
                 metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
-                now = self._clock()
-                if not result.ok and result.refused_uuid and now - self._refusal_read_at >= REFUSAL_REFRESH_S:
+                if not result.ok and result.refused_uuid:
                     # Another replica took the room: the caller places again, on an overlay that knows it.
-                    # Re-reading costs O(all live reservations): at most every REFUSAL_REFRESH_S, so a
-                    # burst of refusals does not turn into a burst of full reads.
-                    self._refusal_read_at = now
                     with contextlib.suppress(*_REDIS_DOWN):
                         await self.refresh(self.settings.timeout_s)
                 return result
