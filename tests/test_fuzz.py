@@ -53,6 +53,8 @@ def mutated_reviews(draw: st.DrawFn) -> bytes:
     review = copy.deepcopy(draw(st.sampled_from(SEEDS)))
     for _ in range(draw(st.integers(1, 4))):
         paths = [p for p in _paths(review) if p]
+        if not paths:  # earlier mutations emptied it: nothing left to mutate
+            break
         path = draw(st.sampled_from(paths))
         parent: Any = review
         for part in path[:-1]:
