@@ -15,7 +15,7 @@ from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict, deny
 from hami.observability import PLACEMENTS, POLICY_RESULTS, get_logger
 from hami.placement.decision import Decision
 from hami.placement.engine import place
-from hami.queue import usage_of
+from hami.queue import reservation_items, usage_of
 from hami.requests import GpuRequest, RequestError, gpu_request
 from hami.runtime import Runtime
 from hami.state.model import ReservationItem
@@ -183,23 +183,7 @@ class Decider:
         # The capacities come from the node state placement judged (the index's), not from a
         # snapshot that may have arrived since: the two must agree or the ledger refuses a pick
         # that placement thought fitted.
-        node = self.runtime.placement_index.node(decision.node or "")
-        gpus = {g.uuid: g for g in node.gpus} if node else {}
-        items = []
-        for device in decision.devices:
-            gpu = gpus.get(device.uuid)
-            items.append(
-                ReservationItem(
-                    node=decision.node or "",
-                    uuid=device.uuid,
-                    memory_mib=device.memory_mib,
-                    cores=device.cores,
-                    capacity_mib=gpu.effective_free_mib if gpu else device.memory_mib,
-                    capacity_cores=max(0, 100 - gpu.cores_promised) if gpu else 100,
-                    workload_type=ask.workload_type or "",
-                )
-            )
-        return items
+        return list(reservation_items(decision, ask, self.runtime.placement_index.node(decision.node or "")))
 
     def _no_fit(
         self,
