@@ -20,7 +20,6 @@ already removed it, and the loser then releases its own reservation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from hami.placement.settings import PlacementSettings
 from hami.requests import DEFAULT_NAMES, GpuRequest, RequestError, ResourceNames, gpu_request
 from hami.state.ledger import Ledger, merge_overlays, needs
 from hami.state.model import DeviceUsage, Node, ReservationItem, Snapshot
+from hami.tasks import cancel_and_wait
 from hami.workloads import WorkloadError, pod_templates
 
 log = get_logger("hami.queue")
@@ -227,14 +227,8 @@ class GateKeeper:
         self._task = asyncio.create_task(self._run(), name="queue-gatekeeper")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            # Bounded: a client library that turns the cancellation into its own error must not
-            # make shutdown wait forever.
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                async with asyncio.timeout(5.0):
-                    await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

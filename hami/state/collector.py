@@ -32,6 +32,7 @@ from hami.state.ledger import Ledger
 from hami.state.model import EMPTY_SNAPSHOT, DeviceUsage, Freshness, Node, Snapshot
 from hami.state.promql import PromError, PromUtilisation
 from hami.state.settings import AGGRESSIVE, StateSettings
+from hami.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -298,14 +299,8 @@ class Collector:
             await self._ready.wait()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            # Bounded: a client library that turns the cancellation into its own error must not
-            # make shutdown wait forever.
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                async with asyncio.timeout(5.0):
-                    await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
 
 # -- wiring ---------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 from hami.state import metrics
 from hami.state.model import DeviceUsage, NamespaceUsage, ReservationItem, quota_usage
 from hami.state.settings import LedgerSettings
+from hami.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -560,12 +561,7 @@ class RedisLedger:
         self._task = asyncio.create_task(self._background(), name="ledger-refresh")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            # Bounded: shutting down must never hang on a Redis client stuck in a dead connection.
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await self._task
+        await cancel_and_wait(self._task, CLOSE_TIMEOUT_S)
         with contextlib.suppress(*_REDIS_DOWN):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self._redis.aclose()
