@@ -83,6 +83,9 @@ def _json_type(value: Any) -> str:
     )
 
 
+_STR = {str}
+
+
 class _NotTypical(Exception):
     """The fast path's signal: let the field-by-field checker decide (and name the problem)."""
 
@@ -114,11 +117,10 @@ def _fast_request(doc: dict[str, Any]) -> AdmissionRequest:
         or type(obj) is not dict
         or (old is not None and type(old) is not dict)
         or type(dry_run) is not bool
-        or not all(
-            type(v) is str for v in (kind_name, group, version, resource, namespace, name, sub_resource, username)
-        )
+        # map(type, ...) runs in C: a fraction of a generator's cost on a path taken by every review.
+        or set(map(type, (kind_name, group, version, resource, namespace, name, sub_resource, username))) != _STR
         or type(groups) is not list
-        or not all(type(g) is str for g in groups)
+        or (groups and set(map(type, groups)) != _STR)
         or not isinstance(obj.get("metadata", {}), dict)
     ):
         raise _NotTypical

@@ -19,7 +19,7 @@ from hami.queue import reservation_items, usage_of
 from hami.requests import GpuRequest, RequestError, gpu_request
 from hami.runtime import Runtime
 from hami.state.model import ReservationItem
-from hami.validation import Mode, ValidationContext, Violation, render_denial, validate
+from hami.validation import Mode, ValidationContext, Violation, render_denial, trivially_clean, validate
 from hami.workloads import PodTemplate, WorkloadError, object_name, pod_templates
 
 log = get_logger("hami.decision")
@@ -87,6 +87,8 @@ class Decider:
 
     # -- validation --------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest, templates: list[PodTemplate]) -> list[Violation]:
+        if all(trivially_clean(t) for t in templates):
+            return []  # no rule can fire: skip building the context (the namespace's usage above all)
         settings = self.runtime.config.validation
         namespace = templates[0].namespace or request.namespace
         context = ValidationContext(

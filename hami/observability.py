@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -87,6 +88,50 @@ class LineBuffer:
             self._raw.flush()
 
 
+class BufferedLogger:
+    """A structlog logger (any object with a method per level) writing rendered lines to a
+    LineBuffer. structlog's BytesLogger takes a threading lock and calls flush for every line;
+    the webhook logs from its one event loop thread and flushes in batches, so neither is needed."""
+
+    def __init__(self, sink: LineBuffer) -> None:
+        self._sink = sink
+
+    def msg(self, message: bytes) -> None:
+        self._sink.write(message + b"\n")
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+class BufferedLoggerFactory:
+    def __init__(self, sink: LineBuffer) -> None:
+        self._logger = BufferedLogger(sink)
+
+    def __call__(self, *_: Any) -> BufferedLogger:
+        return self._logger
+
+
+def utc_timestamp(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    """ISO 8601 UTC time with microseconds, as TimeStamper(fmt="iso", utc=True) writes it, for a
+    quarter of its cost: the date-and-seconds part is formatted once per second (a decision line
+    is written for every admission, so this processor runs thousands of times a second)."""
+    now = time.time()
+    second = int(now)
+    if second != _stamp_cache[0]:
+        _stamp_cache[0], _stamp_cache[1] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    event["timestamp"] = f"{_stamp_cache[1]}.{int((now - second) * 1e6):06d}Z"
+    return event
+
+
+_stamp_cache: list[Any] = [-1, ""]
+
+
+def exc_info_to_text(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """format_exc_info, run only for the lines that carry an exception (it costs a dict pop and a
+    type check on every line otherwise)."""
+    if "exc_info" in event:
+        return structlog.processors.format_exc_info(logger, method, event)
+    return event
+
 LOG_SINK: LineBuffer | None = None  # the JSON log's buffer; the server drains it periodically
 
 
@@ -112,12 +157,12 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         global LOG_SINK
         renderer = structlog.processors.JSONRenderer(serializer=_orjson_dumps)
         LOG_SINK = LineBuffer(sys.stdout.buffer)
-        factory = structlog.BytesLoggerFactory(LOG_SINK)
+        factory = BufferedLoggerFactory(LOG_SINK)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
+            utc_timestamp,
+            exc_info_to_text,
             _urgent_errors,
             renderer,
         ],

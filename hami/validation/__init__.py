@@ -5,7 +5,7 @@ settings, and returns violations with their modes and messages. The server decid
 them (deny, warn, log and count).
 """
 
-from hami.validation.engine import is_exempt, validate
+from hami.validation.engine import is_exempt, trivially_clean, validate
 from hami.validation.hostpaths import exposes_runtime_socket, normalise
 from hami.validation.messages import render_denial, render_warnings
 from hami.validation.model import Finding, Mode, NamespaceUsage, ValidationContext, Violation
@@ -37,5 +37,6 @@ __all__ = [
     "pod_gpu_usage",
     "render_denial",
     "render_warnings",
+    "trivially_clean",
     "validate",
 ]
