@@ -345,6 +345,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     port = free_port()
     redis = start_redis(tmp) if args.ledger == "redis" else None
+    if redis is not None:
+        # redis-server is a separate service: it shares the load generator's core, never the
+        # webhook's (the webhook's core is what the figures are about).
+        all_cores = cores()
+        pin(redis[0].pid, all_cores[1] if len(all_cores) > 1 else None)
     try:
         config = write_bench_config(args, tmp, port, redis[1] if redis else "")
         webhook_cmd = [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)]

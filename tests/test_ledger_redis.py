@@ -111,3 +111,54 @@ async def test_redis_dies_and_returns_without_a_failed_reserve(redis_server: Red
         assert ledger.overlay()["GPU-1"].memory_mib == 60 * 10
     finally:
         await ledger.close()
+
+
+def test_own_reservations_win_over_a_refresh_that_missed_them() -> None:
+    from hami.state.ledger import Reservation, with_own
+
+    other = Reservation("ns/other", (item("GPU-1", 100, 4000),), 10.0)
+    stale = Reservation("ns/mine", (item("GPU-1", 100, 4000),), 10.0)  # Redis' older version of my key
+    mine = Reservation("ns/mine", (item("GPU-2", 700, 4000),), 12.0)
+    fresh = Reservation("ns/fresh", (item("GPU-3", 300, 4000),), 12.0)  # made while the read was in flight
+    merged = {r.key: r for r in with_own([other, stale], {"ns/mine": mine, "ns/fresh": fresh})}
+    assert merged == {"ns/other": other, "ns/mine": mine, "ns/fresh": fresh}
+
+
+async def test_a_burst_of_reservations_shares_round_trips_and_survives_a_script_flush(
+    redis_server: RedisServer,
+) -> None:
+    ledger = RedisLedger(redis_server.url, SETTINGS)
+    await ledger.start()
+    try:
+        client = aioredis.Redis.from_url(redis_server.url)
+        await client.script_flush()  # as after a Redis restart: EVALSHA answers NOSCRIPT
+        await client.aclose()
+        results = await asyncio.gather(*(ledger.reserve(f"ns/b{i}", [item("GPU-1", 10, 305)], 30) for i in range(40)))
+        assert [r.backend for r in results] == ["redis"] * 40
+        assert sum(r.ok for r in results) == 30  # 305 MiB hold 30 slices of 10: Redis checked each one
+        batcher = ledger._reserve_batch
+        assert batcher.calls == 40 and batcher.batches < 10, (batcher.calls, batcher.batches)
+    finally:
+        await ledger.close()
+
+
+async def test_a_burst_of_timeouts_is_not_an_outage_but_a_second_of_them_is(redis_server: RedisServer) -> None:
+    ledger = RedisLedger(redis_server.url, SETTINGS)
+    await ledger.start()
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert (await ledger.reserve("ns/warm", [item("GPU-1", 1, 1000)], 30)).ok
+        await client.execute_command("CLIENT", "PAUSE", "3000", "ALL")  # Redis stops answering writes
+        burst = await asyncio.gather(*(ledger.reserve(f"ns/t{i}", [item("GPU-1", 1, 1000)], 30) for i in range(8)))
+        assert [(r.ok, r.backend) for r in burst] == [(False, "redis")] * 8  # refused, retried by the caller
+        assert ledger.up
+        backends = []
+        for i in range(12):  # 0.2 s each: past DOWN_AFTER_S the replica gives up on Redis
+            backends.append((await ledger.reserve(f"ns/s{i}", [item("GPU-1", 1, 1000)], 30)).backend)
+            if backends[-1] == "fallback":
+                break
+        assert backends[-1] == "fallback" and not ledger.up
+    finally:
+        await client.execute_command("CLIENT", "UNPAUSE")
+        await client.aclose()
+        await ledger.close()

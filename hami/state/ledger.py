@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 
 from hami.state import metrics
 from hami.state.model import DeviceUsage, NamespaceUsage, ReservationItem, quota_usage
+from hami.state.redis_batch import ScriptBatcher
 from hami.state.settings import LedgerSettings
 from hami.tasks import cancel_and_wait
 
@@ -352,7 +353,11 @@ return 1
 
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
 CLOSE_TIMEOUT_S = 2.0  # the longest close() waits for the background task and the connections
-TIMEOUTS_BEFORE_DOWN = 5  # consecutive reservation timeouts that mean Redis is gone, not just busy
+# Redis is taken for gone, not just busy, after this many consecutive reservation timeouts with no
+# success for DOWN_AFTER_S: a burst that times out together (one slow batch, one long pause of this
+# replica's own event loop) is not an outage, and a flip to the fallback costs a replay later.
+TIMEOUTS_BEFORE_DOWN = 5
+DOWN_AFTER_S = 1.0
 
 
 def _item_json(it: ReservationItem) -> list[Any]:
@@ -382,6 +387,16 @@ def parse_records(raw: Mapping[bytes, bytes], redis_now_ms: int, local_now: floa
     return out
 
 
+def with_own(records: Iterable[Reservation], own: Mapping[str, Reservation]) -> list[Reservation]:
+    """Redis' answer to a refresh, with this replica's own live reservations winning.
+
+    A reservation this replica made while the read was in flight is missing from the answer, and
+    an earlier version of a key it re-reserved is stale. Dropping it would let placement offer its
+    room again, and Redis refuse the next pick there: under load, every refusal forced another
+    refresh, which dropped the next ones, and most admissions ended in a refusal storm."""
+    return [*(r for r in records if r.key not in own), *own.values()]
+
+
 class RedisLedger:
     """Reservations shared by all replicas through Redis, with an in-process fallback."""
 
@@ -400,6 +415,7 @@ class RedisLedger:
         self._redis = aioredis.Redis(connection_pool=pool)
         self._reserve_script = self._redis.register_script(RESERVE_LUA)
         self._release_script = self._redis.register_script(RELEASE_LUA)
+        self._reserve_batch = ScriptBatcher(self._redis, self._reserve_script)
         self._all_key = f"{self.settings.prefix}:reservations"
         self._dev_prefix = f"{self.settings.prefix}:dev:"
         self._fallback = InProcessLedger(self.settings, clock)
@@ -409,6 +425,7 @@ class RedisLedger:
         self._own: dict[str, Reservation] = {}
         self.up = True  # optimistic: the first failure flips it and logs once
         self._timeouts = 0  # consecutive reservation timeouts
+        self._last_ok = time.monotonic()  # the last reservation Redis answered
         self._task: asyncio.Task[None] | None = None
 
     # -- request path ----------------------------------------------------------------------------
@@ -424,7 +441,7 @@ class RedisLedger:
                 # replicas promise the same room. Refuse (the caller re-places and retries with the
                 # same key, which replaces itself); only a run of timeouts means Redis is gone.
                 self._timeouts += 1
-                if self._timeouts < TIMEOUTS_BEFORE_DOWN:
+                if self._timeouts < TIMEOUTS_BEFORE_DOWN or time.monotonic() - self._last_ok < DOWN_AFTER_S:
                     metrics.LEDGER_RESERVATIONS.labels("timeout").inc()
                     return ReserveResult(False, "", "redis reservation timed out", "redis")
                 self._mark(False, exc)
@@ -432,6 +449,7 @@ class RedisLedger:
                 self._mark(False, exc)
             else:
                 self._timeouts = 0
+                self._last_ok = time.monotonic()
                 metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
                 if not result.ok and result.refused_uuid:
                     # Another replica took the room: the caller places again, on an overlay that knows it.
@@ -481,7 +499,7 @@ class RedisLedger:
             n = per_device[uuid]
             args += [n.memory_mib, n.cores, n.capacity_mib, n.capacity_cores]
         keys = [self._all_key] + [self._dev_prefix + u for u in uuids]
-        ok, index, reason = await self._reserve_script(keys=keys, args=args)
+        ok, index, reason = await self._reserve_batch(keys, args)
         if not ok:
             return ReserveResult(False, uuids[int(index) - 1], reason.decode(), "redis")
         # Seen at once by this replica's placement; the periodic refresh brings the others'.
@@ -500,8 +518,8 @@ class RedisLedger:
             pipe.hgetall(self._all_key)
             (secs, micros), raw = await pipe.execute()
         now = self._clock()
-        self._remote = Aggregate(parse_records(raw, secs * 1000 + micros // 1000, now))
         self._own = {k: r for k, r in self._own.items() if r.expires_at > now}
+        self._remote = Aggregate(with_own(parse_records(raw, secs * 1000 + micros // 1000, now), self._own))
 
     async def _recover(self) -> None:
         """Redis is back: apply releases made meanwhile, replay this replica's reservations.
@@ -562,6 +580,7 @@ class RedisLedger:
 
     async def close(self) -> None:
         await cancel_and_wait(self._task, CLOSE_TIMEOUT_S)
+        await self._reserve_batch.close()
         with contextlib.suppress(*_REDIS_DOWN):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self._redis.aclose()
