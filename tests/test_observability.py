@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -113,6 +114,49 @@ def test_served_decisions_reach_stdout_within_the_flush_tick(tmp_path: Path) -> 
             time.sleep(0.05)
         line = next(json.loads(x) for x in seen.splitlines() if b'"log-1"' in x)
         assert line["event"] == "admission" and line["result"] == "allowed" and "duration_ms" in line
+        stamped = datetime.datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00"))
+        assert abs((datetime.datetime.now(datetime.UTC) - stamped).total_seconds()) < 30
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
+
+
+def test_timestamps_are_iso_utc_with_microseconds_across_second_boundaries(monkeypatch) -> None:
+    # The date-and-seconds part is cached per second: a new second must never reuse the old one.
+    instants = [1796083199.999999, 1796083200.0, 1796083200.25, 1796169600.5]  # across midnight
+    expected = [
+        "2026-11-30T23:59:59.999999Z",
+        "2026-12-01T00:00:00.000000Z",
+        "2026-12-01T00:00:00.250000Z",
+        "2026-12-02T00:00:00.500000Z",
+    ]
+    for instant, want in zip(instants, expected, strict=True):
+        monkeypatch.setattr(observability.time, "time", lambda instant=instant: instant)
+        assert observability.utc_timestamp(None, "info", {})["timestamp"] == want
+        moment = datetime.datetime.fromtimestamp(instant, datetime.UTC)
+        # What structlog's TimeStamper(fmt="iso", utc=True) writes, except that it drops a zero
+        # microsecond part (fixed width here, so lines sort and align).
+        assert moment.isoformat(timespec="microseconds").replace("+00:00", "Z") == want
+
+
+def test_configured_json_log_goes_through_the_buffer_and_renders_exceptions() -> None:
+    raw = Sink()
+    observability.configure_logging("info", "json")
+    assert observability.LOG_SINK is not None
+    observability.LOG_SINK._raw = raw
+    try:
+        log = structlog.get_logger("t")
+        log.debug("hidden")
+        log.info("admission", uid="a", reason=None)
+        assert raw.getvalue() == b""  # buffered until the tick
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed", uid="b")  # errors drain at once, traceback rendered as text
+        lines = [json.loads(line) for line in raw.getvalue().splitlines()]
+        assert [line["event"] for line in lines] == ["admission", "failed"]
+        assert lines[0]["level"] == "info" and lines[0]["reason"] is None and "exc_info" not in lines[0]
+        assert "ValueError: boom" in lines[1]["exception"] and lines[1]["level"] == "error"
+    finally:
+        observability.LOG_SINK = None
+        structlog.reset_defaults()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -42,10 +43,14 @@ class SimClock:
 _METRICS = ("util", "mem", "temp", "power")  # one noise draw each per card and period
 
 
-def _draws(seed: int, node: str, index: int, bucket: int) -> dict[str, float]:
-    """Deterministic draws in [-1, 1), one per metric, from one hash (stable across processes, unlike hash())."""
+_UNPACK = struct.Struct(">" + "Q" * len(_METRICS)).unpack
+
+
+def _draws(seed: int, node: str, index: int, bucket: int) -> tuple[float, ...]:
+    """Deterministic draws in [-1, 1), one per metric in _METRICS order, from one hash (stable
+    across processes, unlike hash()). A tuple, not a dict: a fleet sweep draws for every card."""
     digest = hashlib.blake2b(f"{seed}|{node}|{index}|{bucket}".encode(), digest_size=8 * len(_METRICS)).digest()
-    return {m: int.from_bytes(digest[8 * k : 8 * k + 8], "big") / 2**63 - 1.0 for k, m in enumerate(_METRICS)}
+    return tuple(v / 2**63 - 1.0 for v in _UNPACK(digest))
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -125,16 +130,16 @@ class SimulatedNode:
 
     def _gpu(self, i: int, g: GpuSpec, t: float, active: tuple[Faults, ...], unsupported: frozenset[str]) -> GpuStatus:
         jitter = self.spec.jitter
-        noise = _draws(self.seed, self.node_name, i, int(t // jitter.period_s))
+        n_util, n_mem, n_temp, n_power = _draws(self.seed, self.node_name, i, int(t // jitter.period_s))
         hitting = [f for f in active if f.hits(i)]
         total = g.memory_total_mib
         used_raw = g.memory_used_mib.at(t) if g.memory_used_mib else sum(p.used_memory_mib for p in g.processes)
         used = int(_clamp(used_raw, 0, total))
 
-        util_gpu = _clamp(g.utilisation_gpu.at(t) + noise["util"] * jitter.utilisation, 0, 100)
-        util_mem = _clamp(g.utilisation_memory.at(t) + noise["mem"] * jitter.utilisation, 0, 100)
+        util_gpu = _clamp(g.utilisation_gpu.at(t) + n_util * jitter.utilisation, 0, 100)
+        util_mem = _clamp(g.utilisation_memory.at(t) + n_mem * jitter.utilisation, 0, 100)
         spike = sum(f.temp_spike_c for f in hitting)
-        temperature = g.temperature_c.at(t) + spike + noise["temp"] * jitter.temperature_c
+        temperature = g.temperature_c.at(t) + spike + n_temp * jitter.temperature_c
         power: float | None = None
         if g.power_w is not None:
             power = g.power_w.at(t)
@@ -142,7 +147,7 @@ class SimulatedNode:
             # No power curve: a card idles near a fifth of its limit and approaches it at full load.
             power = g.power_limit_w * (0.2 + 0.7 * util_gpu / 100)
         if power is not None:
-            power = max(0.0, power + noise["power"] * jitter.power_w)
+            power = max(0.0, power + n_power * jitter.power_w)
 
         ecc = None
         if g.ecc and "ecc" not in unsupported:

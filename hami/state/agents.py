@@ -80,22 +80,27 @@ def error_reason(exc: BaseException) -> str:
     return "error"
 
 
+NO_USAGE = DeviceUsage()  # one shared instance: runs for every device of every node each sweep
+
+
 def node_from_status(
     status: NodeStatus,
     *,
     allocations: Mapping[str, DeviceUsage],
     utilisation: Mapping[str, float] | None,
     labels: Mapping[str, str] | None = None,
+    name: str | None = None,
 ) -> Node:
     """A fresh Node from an agent's answer, the pods' allocations and Prometheus' utilisation.
 
     `utilisation` None means no Prometheus is configured: the agent's own NVML sample is used.
     A device missing from a Prometheus answer has unknown utilisation (None), not 0: a device
-    that was never scraped must not look idle.
+    that was never scraped must not look idle. `name` overrides the name the agent reported (the
+    inventory's name for the node is the one placement uses).
     """
     gpus = []
     for g in status.gpus:
-        usage = allocations.get(g.uuid, DeviceUsage())
+        usage = allocations.get(g.uuid, NO_USAGE)
         util = g.utilisation_gpu if utilisation is None else utilisation.get(g.uuid)
         gpus.append(
             Gpu(
@@ -115,7 +120,7 @@ def node_from_status(
             )
         )
     return Node(
-        name=status.node,
+        name=status.node if name is None else name,
         gpus=tuple(gpus),
         labels=MappingProxyType(dict(labels or {})),
         freshness=Freshness.FRESH,

@@ -157,13 +157,11 @@ class Collector:
             known = (
                 None
                 if last is None
-                else replace(
-                    node_from_status(
-                        last.status,
-                        allocations=allocations,
-                        utilisation=utilisation,
-                        labels=self.inventory.labels(name),
-                    ),
+                else node_from_status(
+                    last.status,
+                    allocations=allocations,
+                    utilisation=utilisation,
+                    labels=self.inventory.labels(name),
                     name=name,
                 )
             )
