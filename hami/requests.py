@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami.content_memo import ContentMemo
 from hami.quantity import QuantityError, bytes_to_mib, parse_quantity, to_int_ceil
 from hami.workloads import PodTemplate
 
@@ -141,7 +142,15 @@ def _integer(value: Any, field_path: str) -> int:
 def container_request(
     container: Mapping[str, Any], kind: str, index: int, path: str, names: ResourceNames = DEFAULT_NAMES
 ) -> ContainerGpuRequest | None:
-    """The container's GPU ask, or None when it asks for no GPU at all."""
+    """The container's GPU ask, or None when it asks for no GPU at all. Raises RequestError."""
+    # The pods of one workload repeat the same container: read each shape once.
+    key = (repr(container.get("name")), repr(container.get("resources")), kind, index, path, names)
+    return _READS.get(key, lambda: _container_request(container, kind, index, path, names))
+
+
+def _container_request(
+    container: Mapping[str, Any], kind: str, index: int, path: str, names: ResourceNames
+) -> ContainerGpuRequest | None:
     where = f"{path}.{kind}[{index}].resources.limits"
     found_count = _first(container, names.count)
     found_mib = _first(container, names.memory_mib)
@@ -172,6 +181,9 @@ def container_request(
         memory_percent=memory_percent,
         cores=cores,
     )
+
+
+_READS: ContentMemo[ContainerGpuRequest | None] = ContentMemo()
 
 
 def _csv(annotations: Mapping[str, Any], key: str) -> tuple[str, ...]:

@@ -109,3 +109,39 @@ def test_bad_values_name_the_field() -> None:
         _ask(gpu_container(**{"nvidia.com/gpumem": "lots"}))
     with pytest.raises(RequestError, match=r"hami\.io/max-gpu-util"):
         _ask(gpu_container(**{"nvidia.com/gpumem": 1000}), **{"hami.io/max-gpu-util": "fast"})
+
+
+def test_repeated_container_shapes_are_read_once_and_changes_are_never_missed() -> None:
+    from hami import requests as requests_module
+    from hami.content_memo import ContentMemo
+    from hami.requests import DEFAULT_NAMES
+    from hami.validation.resources import read_template
+
+    requests_module._READS = memo = ContentMemo(limit=3)
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}}}
+    spec = {"containers": [container]}
+    first = gpu_request(pod_templates({"kind": "Pod", "metadata": {}, "spec": spec})[0])
+    again = gpu_request(pod_templates({"kind": "Pod", "metadata": {}, "spec": spec})[0])
+    assert first == again and (memo.hits, memo.misses) == (1, 1)
+    container["resources"]["limits"]["nvidia.com/gpumem"] = 8000  # the same dict, changed in place
+    changed = gpu_request(pod_templates({"kind": "Pod", "metadata": {}, "spec": spec})[0])
+    assert changed is not None and changed.containers[0].memory_mib == 8000
+    container["resources"]["limits"]["nvidia.com/gpumem"] = 4000.5  # not 4000: a new key, rounded up
+    rounded = gpu_request(pod_templates({"kind": "Pod", "metadata": {}, "spec": spec})[0])
+    assert rounded is not None and rounded.containers[0].memory_mib == 4001
+    container["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
+    with pytest.raises(RequestError, match="gpumem"):
+        gpu_request(pod_templates({"kind": "Pod", "metadata": {}, "spec": spec})[0])
+    for mib in (1000, 2000, 3000):  # past the limit the memo starts over and stays correct
+        container["resources"]["limits"]["nvidia.com/gpumem"] = mib
+        read = gpu_request(pod_templates({"kind": "Pod", "metadata": {}, "spec": spec})[0])
+        assert read is not None and read.containers[0].memory_mib == mib
+
+    # Validation reads the same way: NaN (Python's json accepts it) is malformed, null is not given.
+    nan = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "hami.io/vgpu-memory": float("nan")}}}
+    null = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "hami.io/vgpu-memory": None}}}
+    for shape, shown in ((nan, "nan"), (null, "None"), (nan, "nan")):  # a JSON key would confuse the two
+        template = pod_templates({"kind": "Pod", "metadata": {}, "spec": {"containers": [shape]}})[0]
+        gpus, findings = read_template(template, DEFAULT_NAMES)
+        assert [f.params["value"] for f in findings] == [shown] and gpus[0].count == 1
+    requests_module._READS = ContentMemo()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from hami.content_memo import ContentMemo
 from hami.quantity import QuantityError, bytes_to_mib, parse_quantity
 from hami.requests import ResourceNames
 from hami.validation.model import Finding
@@ -130,6 +131,20 @@ def read_container(
     if gpu_names.isdisjoint(_section(container, "limits")) and gpu_names.isdisjoint(_section(container, "requests")):
         # Most containers ask for no GPU: skip the per-name lookups (this runs for every admission).
         return ContainerGpu(kind, index, name, path, restartable, None, None, None, None, None, None, None), findings
+    # The pods of one workload repeat the same container: read each shape once.
+    key = (name, restartable, repr(container.get("resources")), kind, index, base_path, names)
+    gpu, found = _GPU_READS.get(key, lambda: _read_gpu(container, kind, index, name, path, restartable, names))
+    return gpu, list(found)
+
+
+_GPU_READS: ContentMemo[tuple[ContainerGpu, tuple[Finding, ...]]] = ContentMemo()
+
+
+def _read_gpu(
+    container: Mapping[str, Any], kind: str, index: int, name: str, path: str, restartable: bool, names: ResourceNames
+) -> tuple[ContainerGpu, tuple[Finding, ...]]:
+    """read_container for a container that names a GPU resource (pure: memoised by its input)."""
+    findings: list[Finding] = []
     count, count_field = _integer(container, names.count, path, findings, name)
     memory_mib: int | None = None
     memory_field: str | None = None
@@ -152,7 +167,7 @@ def read_container(
     gpu = ContainerGpu(
         kind, index, name, path, restartable, count, count_field, memory_mib, percent, memory_field, cores, cores_field
     )
-    return gpu, findings
+    return gpu, tuple(findings)
 
 
 def read_template(template: PodTemplate, names: ResourceNames) -> tuple[list[ContainerGpu], list[Finding]]:
