@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class Runtime:
         self._pending_snapshot: Snapshot | None = None
         self._index_task: asyncio.Task[None] | None = None
         self.gatekeeper: GateKeeper | None = None  # queue mode: ungates gated pods (hami/queue.py)
+        # Called after each snapshot is applied to the index (the server freezes the GC there).
+        self.on_index_updated: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -105,6 +107,9 @@ class Runtime:
                 await self._update_index(snapshot)
             except Exception as exc:  # the old index keeps serving; the next snapshot retries
                 log.exception("placement_index_update_failed", error=repr(exc))
+                continue
+            for hook in self.on_index_updated:
+                hook()
 
     async def _update_index(self, snapshot: Snapshot) -> None:
         """Changed nodes are moved between classes in place, yielding to admissions every few

@@ -21,6 +21,7 @@ from hami import certs
 from hami.admission import ReviewError, Verdict, decode_review, encode_review
 from hami.config import Config
 from hami.decide import Decider, Outcome
+from hami.gc_policy import LongLivedGc
 from hami.observability import (
     ACTIVE_CONNECTIONS,
     BAD_REQUESTS,
@@ -160,6 +161,8 @@ class WebhookServer:
         self.runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=runtime.config.server.shutdown_grace_s)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
+        self.gc = LongLivedGc(runtime.config.server.gc_unfreeze_s)
+        runtime.on_index_updated.append(self.gc.settled)
 
     async def start(self) -> None:
         await self.runtime.start()
@@ -186,4 +189,5 @@ class WebhookServer:
                 await task
         await self.runner.cleanup()
         await self.runtime.stop()
+        self.gc.close()
         flush_logs()

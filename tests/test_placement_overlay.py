@@ -304,3 +304,18 @@ def test_denial_names_nodes_short_of_room_before_type_mismatches() -> None:
     named = [v.node for v in d.rejected]
     assert named[:2] == ["gpu-e", "gpu-d"]  # memory shortfall, then the hot card; types last
     assert "needs 20.0Gi" in d.rejected[0].reason and "86C" in d.rejected[1].reason
+
+
+def test_state_keys_of_emptied_classes_are_forgotten_while_readings_keep_moving() -> None:
+    nodes = fleet(50)
+    index = build_index(Snapshot(tuple(nodes)), PlacementSettings())
+    shared = dataclasses.replace(nodes[1], name=nodes[0].name)  # n0 joins n1's state: one class of two
+    index.update_node(shared)
+    assert index.class_of(nodes[0].name) == index.class_of(nodes[1].name)
+    for sweep in range(1, 6):  # every sweep, every node's temperature moves (as real readings do)
+        for node in nodes:
+            hotter = tuple(dataclasses.replace(g, temperature_c=40.0 + sweep) for g in node.gpus)
+            index.update_node(dataclasses.replace(node, gpus=hotter))
+        assert len(index._class_of_key) == len(index.classes) <= len(nodes)
+    fresh = build_index(Snapshot(tuple(index.nodes.values())), PlacementSettings())
+    assert signature(index) == signature(fresh)

@@ -271,6 +271,7 @@ class PlacementIndex:
         self.classes: dict[int, NodeClass] = {}
         self.uuid_node: dict[str, str] = {}
         self._class_of_key: dict[Hashable, int] = {}
+        self._key_of_class: dict[int, Hashable] = {}  # to forget a key when its class empties
         self._class_of_node: dict[str, int] = {}
         self._next_class = 0
         # Classes created or changed membership, in order; request views replay it to catch up.
@@ -349,7 +350,10 @@ class PlacementIndex:
             del members[bisect.bisect_left(members, rank)]
             self._changed(old)
             if not members:
+                # A state key is a tuple per GPU: at 10,000 nodes whose readings move every sweep,
+                # keeping the keys of emptied classes cost ~100 MB before any pruning caught up.
                 del self.classes[old]
+                del self._class_of_key[self._key_of_class.pop(old)]
             elif self.classes[old].representative.name == name:
                 self.classes[old].representative = self.nodes[self.names[members[0]]]
         previous = self.nodes.get(name)
@@ -365,6 +369,7 @@ class PlacementIndex:
             cid = self._next_class
             self._next_class += 1
             self._class_of_key[key] = cid
+            self._key_of_class[cid] = key
             self.classes[cid] = NodeClass(
                 [rank],
                 node,
@@ -372,8 +377,6 @@ class PlacementIndex:
                 node.cpu_milli_free,
                 node.memory_mib_free,
             )
-            if len(self._class_of_key) > 4 * len(self.nodes) + 1024:  # drop keys of classes gone empty
-                self._class_of_key = {k: c for k, c in self._class_of_key.items() if c in self.classes}
         else:
             bisect.insort(self.classes[cid].ranks, rank)
         self._class_of_node[name] = cid
