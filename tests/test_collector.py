@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from prometheus_client import REGISTRY, generate_latest
+
 from hami.node.backend import BackendError
 from hami.node.schema import GpuStatus, NodeStatus
 from hami.state import metrics
 from hami.state.collector import Collector, degrade, start_state
 from hami.state.inventory import StaticInventory, simulated_inventory
 from hami.state.model import DeviceUsage, Freshness, Snapshot
+from hami.state.node_metrics import BREAKER_CLOSED, BREAKER_OPEN, NODE_GAUGES, NodeGauges
 from hami.state.promql import PromError
 from hami.state.settings import AGGRESSIVE, CONSERVATIVE, AgentSettings, StateSettings
 
@@ -96,7 +99,7 @@ async def test_breaker_opens_after_fail_max_and_half_opens_after_reset_timeout()
     for _ in range(3):
         await c.refresh()
     assert c.breaker("bad").current_state == "open" and bad.calls == 3
-    assert metrics.NODE_BREAKER_STATE.labels("bad")._value.get() == metrics.BREAKER_OPEN
+    assert gauges_of(c)["hami_webhook_node_breaker_state"] == {"bad": BREAKER_OPEN, "good": BREAKER_CLOSED}
     snap = await c.refresh()  # open: the agent is not even asked
     assert bad.calls == 3
     bad_node = snap.node("bad")
@@ -239,3 +242,23 @@ async def test_embedded_defaults_serve_the_simulated_fleet_in_process() -> None:
         assert (await layer.ledger.reserve("ns/p", [], 1)).ok
     finally:
         await layer.close()
+
+
+def gauges_of(c: Collector) -> dict[str, dict[str, float]]:
+    """The per-node gauges a scrape would show for this collector alone."""
+    gauges = NodeGauges()
+    gauges.watch(c)
+    return {family.name: {s.labels["node"]: s.value for s in family.samples} for family in gauges.collect()}
+
+
+async def test_per_node_gauges_are_read_from_the_snapshot_at_scrape_time() -> None:
+    c = collector(Source("a"), Source("b"))
+    assert c in NODE_GAUGES._sources and NODE_GAUGES in REGISTRY._collector_to_names  # served on /metrics
+    snap = await c.refresh()
+    gauges = gauges_of(c)
+    for node in snap.nodes:
+        assert gauges["hami_webhook_gpu_memory_used_mib"][node.name] == sum(g.memory_used_mib for g in node.gpus)
+        assert gauges["hami_webhook_gpu_memory_promised_mib"][node.name] == 0
+    assert gauges["hami_webhook_node_breaker_state"] == {"a": BREAKER_CLOSED, "b": BREAKER_CLOSED}
+    text = generate_latest().decode()
+    assert 'hami_webhook_gpu_memory_used_mib{node="a"}' in text

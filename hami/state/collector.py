@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import structlog
-from pybreaker import STATE_CLOSED, STATE_HALF_OPEN, CircuitBreaker, CircuitBreakerError, CircuitBreakerListener
+from pybreaker import CircuitBreaker, CircuitBreakerError, CircuitBreakerListener
 
 from hami.node.schema import NodeStatus, StatusError, parse_status
 from hami.state import metrics
@@ -30,6 +30,7 @@ from hami.state.cache import TwoLevelCache
 from hami.state.inventory import AllocationSource, Inventory
 from hami.state.ledger import Ledger
 from hami.state.model import EMPTY_SNAPSHOT, DeviceUsage, Freshness, Node, Snapshot
+from hami.state.node_metrics import NODE_GAUGES
 from hami.state.promql import PromError, PromUtilisation
 from hami.state.settings import AGGRESSIVE, StateSettings
 from hami.tasks import cancel_and_wait
@@ -37,7 +38,6 @@ from hami.tasks import cancel_and_wait
 log = structlog.get_logger(__name__)
 
 NO_ALLOCATIONS: Mapping[str, DeviceUsage] = MappingProxyType({})
-BREAKER_LEVEL = {STATE_CLOSED: metrics.BREAKER_CLOSED, STATE_HALF_OPEN: metrics.BREAKER_HALF_OPEN}
 
 
 YIELD_EVERY = 64  # nodes handled between two yields to the event loop during a refresh
@@ -70,12 +70,12 @@ def degrade(
     )
 
 
-class _BreakerMetrics(CircuitBreakerListener):
+class _BreakerLog(CircuitBreakerListener):
+    """Breaker changes go to the log; their gauge is read at scrape time (node_metrics.py)."""
+
     def state_change(self, cb: CircuitBreaker, old_state: object, new_state: object) -> None:
-        name = str(cb.name)
         state = getattr(new_state, "name", str(new_state))
-        metrics.NODE_BREAKER_STATE.labels(name).set(BREAKER_LEVEL.get(state, metrics.BREAKER_OPEN))
-        log.info("collector.breaker", node=name, state=state, was=getattr(old_state, "name", None))
+        log.info("collector.breaker", node=str(cb.name), state=state, was=getattr(old_state, "name", None))
 
 
 class Collector:
@@ -100,13 +100,14 @@ class Collector:
         self.on_snapshot: list[Callable[[Snapshot], None]] = []
         self.breakers: dict[str, CircuitBreaker] = {}
         self._clock = clock
-        self._listener = _BreakerMetrics()
+        self._listener = _BreakerLog()
         self._last: dict[str, LastGood] = {}
         self._states: dict[tuple[str, str], str] = {}  # (what, name) -> last logged state
         self._sem = asyncio.Semaphore(settings.agents.concurrency)
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        NODE_GAUGES.watch(self)  # per-node gauges, read from this collector at scrape time
 
     @property
     def ready(self) -> bool:
@@ -128,7 +129,6 @@ class Collector:
                 listeners=[self._listener],
                 name=node,
             )
-            metrics.NODE_BREAKER_STATE.labels(node).set(metrics.BREAKER_CLOSED)
         return found
 
     # -- one refresh -----------------------------------------------------------------------------
@@ -244,9 +244,6 @@ class Collector:
     async def _publish(self, snapshot: Snapshot) -> Snapshot:
         self.snapshot = snapshot
         self._ready.set()
-        for node in snapshot.nodes:
-            metrics.GPU_MEMORY_PROMISED.labels(node.name).set(sum(g.memory_promised_mib for g in node.gpus))
-            metrics.GPU_MEMORY_USED.labels(node.name).set(sum(g.memory_used_mib for g in node.gpus))
         for hook in list(self.on_snapshot):
             try:
                 hook(snapshot)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN = 0, 1, 2
-
-NODE_BREAKER_STATE = Gauge(
-    "hami_webhook_node_breaker_state", "Circuit breaker of a node's agent: 0 closed, 1 half-open, 2 open", ["node"]
-)
+# Per node: hami_webhook_node_breaker_state, hami_webhook_gpu_memory_promised_mib and
+# hami_webhook_gpu_memory_used_mib are made at scrape time (hami/state/node_metrics.py).
 NODE_QUERY_ERRORS = Counter(
     "hami_webhook_node_query_errors_total", "Failed reads of a node agent's /status, by reason", ["node", "reason"]
 )
@@ -27,9 +24,3 @@ DEGRADATION_TRANSITIONS = Counter(
 SNAPSHOT_AGE = Gauge("hami_webhook_snapshot_age_seconds", "Age of the snapshot the request path reads")
 REDIS_UP = Gauge("hami_webhook_redis_up", "1 while Redis answers, 0 while the webhook runs on L1 and in-process")
 PROMETHEUS_UP = Gauge("hami_webhook_prometheus_up", "1 while the utilisation query answers")
-GPU_MEMORY_PROMISED = Gauge(
-    "hami_webhook_gpu_memory_promised_mib", "GPU memory promised to bound pods on a node (MiB)", ["node"]
-)
-GPU_MEMORY_USED = Gauge(
-    "hami_webhook_gpu_memory_used_mib", "GPU memory really in use on a node per NVML (MiB)", ["node"]
-)
