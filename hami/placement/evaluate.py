@@ -26,6 +26,7 @@ from hami.placement.scorers import (
     ScoreContext,
     ask_milli,
     device_order,
+    frag_cost,
     frag_rank,
     free_milli,
     hami_node_score,
@@ -151,6 +152,7 @@ def _frag_choice(
     cpu = node.cpu_milli_free
     cpu_after = None if cpu is None else cpu - request.cpu_milli
     before = sctx.frag.frag(tuple(before_free), cpu, model)
+    free_total = sum(before_free)
     best: tuple[float, Assignment, float] | None = None
     seen: set[int] = set()
     position = {d.pos: i for i, d in enumerate(all_devices)}
@@ -163,23 +165,32 @@ def _frag_choice(
             continue
         seen.add(before_free[i])
         after_free = list(before_free)
-        after_free[i] = max(0, after_free[i] - ask_milli(c, d))
+        taken = min(after_free[i], ask_milli(c, d))
+        after_free[i] -= taken
         delta = sctx.frag.frag(tuple(after_free), cpu_after, model) - before
-        score, tiebreak = frag_rank(policy, delta, all_devices)
+        cost = 0.0
+        if policy == "frag":
+            cost = frag_cost(sctx, model, free_total, free_total - taken, cpu, cpu_after)
+        score, tiebreak = frag_rank(policy, delta, all_devices, cost)
         if best is None or score > best[0]:
             best = (score, ((0, d.pos, mem, c.cores),), tiebreak)
     return best
 
 
-def _frag_delta(
-    node: Node, before: list[Device], after: list[Device], request: GpuRequest, sctx: ScoreContext
-) -> float:
+def _frag_rank(
+    policy: str, node: Node, before: list[Device], after: list[Device], request: GpuRequest, sctx: ScoreContext
+) -> tuple[float, float]:
+    """fgd/frag rank of a node given its devices before and after the pod (whole cards, host-only)."""
     model = before[0].gpu.model if before else ""
     cpu = node.cpu_milli_free
     cpu_after = None if cpu is None else cpu - request.cpu_milli
-    old = sctx.frag.frag(tuple(free_milli(d) for d in before), cpu, model)
-    new = sctx.frag.frag(tuple(free_milli(d) for d in after), cpu_after, model)
-    return new - old
+    free_before = tuple(free_milli(d) for d in before)
+    free_after = tuple(free_milli(d) for d in after)
+    delta = sctx.frag.frag(free_after, cpu_after, model) - sctx.frag.frag(free_before, cpu, model)
+    cost = 0.0
+    if policy == "frag":
+        cost = frag_cost(sctx, model, sum(free_before), sum(free_after), cpu, cpu_after)
+    return frag_rank(policy, delta, before, cost)
 
 
 def _score(
@@ -201,7 +212,7 @@ def _score(
         worst = max((101.0 if d.gpu.utilisation is None else d.gpu.utilisation for d in used), default=0.0)
         return -worst, 0.0
     if policy in ("frag", "fgd"):
-        return frag_rank(policy, _frag_delta(node, devices, after, request, sctx), devices)
+        return _frag_rank(policy, node, devices, after, request, sctx)
     return 0.0, 0.0  # random: the engine draws among feasible nodes
 
 

@@ -150,6 +150,15 @@ def first_bucket(card: int, mib: int) -> int:
     return min(BUCKETS, max(0, BUCKETS * mib // card))
 
 
+def gpus_by_model(nodes: Iterable[Node]) -> dict[str, int]:
+    """Cards per model over the cluster (frag's model pressure weighs pinned demand against it)."""
+    out: Counter[str] = Counter()
+    for node in nodes:
+        for g in node.gpus:
+            out[g.model] += 1
+    return dict(out)
+
+
 def usage_score(rec: NodeRec, split: int) -> float:
     """HAMi's node score before the request (binpack sorts by it descending, spread ascending)."""
     n = len(rec.devs)
@@ -294,6 +303,7 @@ class PlacementIndex:
             max_cpu_milli=max((n.cpu_milli_free or 0 for n in snapshot.nodes), default=0),
             max_gpus=max((len(n.gpus) for n in snapshot.nodes), default=0),
             frag=FragModel(self.shapes),
+            gpus_by_model=gpus_by_model(snapshot.nodes),
         )
         for node in snapshot.nodes:
             self.update_node(node)

@@ -11,11 +11,11 @@ always wins here. `frag`/`fgd` follow "Beware of Fragmentation" (see frag.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from hami.placement.filters import Device
-from hami.placement.frag import MILLI, FragModel
+from hami.placement.frag import MILLI, FragModel, stranded
 from hami.requests import ContainerGpuRequest
 
 WEIGHT = 10.0  # HAMi's util.Weight
@@ -29,6 +29,7 @@ class ScoreContext:
     max_cpu_milli: int  # largest node CPU in the cluster (bestfit's MaxSpecCpu)
     max_gpus: int  # largest node GPU count (bestfit's MaxSpecGpu)
     frag: FragModel
+    gpus_by_model: Mapping[str, int] = field(default_factory=dict)  # cards per model (frag's pressure)
 
 
 def hami_device_score(d: Device, split: int, pods: int = 0, cores: int = 0, mem: int = 0) -> float:
@@ -86,17 +87,38 @@ def fgd_score(delta_milli: float) -> int:
     return int(sigmoid(-delta_milli / MILLI) * 100)
 
 
-def frag_rank(policy: str, delta_milli: float, before: Sequence[Device]) -> tuple[float, float]:
+def frag_cost(
+    sctx: ScoreContext, model: str, free_before: int, free_after: int, cpu: int | None, cpu_after: int | None
+) -> float:
+    """What `frag` adds to FGD's Δ, in the same milli-GPU: the free GPU share the pod leaves without
+    host CPU to feed it (only an increase counts: crediting a decrease would lure pods onto CPU-tight
+    nodes to "repair" them, opening nodes that 8-GPU pods need), plus the share it takes on a card
+    model that pods pinned to that model will need (`model_pressure`). `free_*` are the node's
+    summed free milli before and after the pod, `cpu*` its free host CPU."""
+    fm = sctx.frag
+    cost = max(0.0, stranded(free_after, cpu_after, fm.cpu_per_milli) - stranded(free_before, cpu, fm.cpu_per_milli))
+    taken = free_before - free_after
+    if taken > 0 and sctx.gpus_by_model:
+        cost += taken * fm.pressure(sctx.gpus_by_model).get(model.lower(), 0.0)
+    return cost
+
+
+def frag_rank(
+    policy: str, delta_milli: float, before: Sequence[Device], cost_milli: float = 0.0
+) -> tuple[float, float]:
     """(score, secondary preference) of a node for `fgd`/`frag`, given the change Δ of its expected
-    fragmentation and its devices before the pod.
+    fragmentation, its devices before the pod and, for frag, `frag_cost`.
 
     fgd is the study's: the integer score alone, ties left to the index's node order (fixed for the
     run). A secondary preference on the exact Δ undoes the consolidation that order gives (default
     trace: about 7.1% GPU unallocated instead of 4.8%), so there is none.
-    frag adds half a point to nodes already in use, so an untouched node is opened only when it is
-    strictly better by FGD's integer score: empty nodes stay whole for whole-node pods. Half a point
-    keeps the integer ranking intact, and living in the score it also steers host-only pods."""
-    score = float(fgd_score(delta_milli))
-    if policy == "frag" and not all(d.empty for d in before):
+    frag scores Δ + cost the same way, then adds half a point to nodes already in use, so an untouched
+    node is opened only when it is strictly better by the integer score: empty nodes stay whole for
+    whole-node pods. Half a point keeps the integer ranking intact, and living in the score it also
+    steers host-only pods. Still no secondary preference: node order does the consolidating."""
+    if policy != "frag":
+        return float(fgd_score(delta_milli)), 0.0
+    score = float(fgd_score(delta_milli + cost_milli))
+    if not all(d.empty for d in before):
         score += 0.5
     return score, 0.0
