@@ -129,6 +129,7 @@ class Decider:
         key = _reservation_key(request, template)
         decision = self._place(ask, node_name)
         attempts = 0
+        maybe_written = False  # a timed-out attempt may have reserved the key all the same
         while decision.fits and not request.dry_run and cfg.mutation.placement == "pin":
             items = self._items(decision, ask)
             # Bake the pick into the index *before* awaiting the ledger, O(devices): admissions that
@@ -143,11 +144,13 @@ class Decider:
                 self.runtime.pending.pop(key, None)
             if result.ok:
                 break
+            maybe_written = maybe_written or result.maybe_written
             if self.runtime.placement_index is index:  # a rebuilt index synced from the ledger already
                 index.remove_usage(usage)
             attempts += 1
             PLACEMENTS.labels(decision.policy, "reserve_conflict").inc()
             if attempts >= RESERVE_ATTEMPTS:
+                await self._forget(key, maybe_written)
                 return Outcome(
                     deny(
                         f"GPU capacity changed while placing this pod ({result.reason}); retry",
@@ -161,6 +164,7 @@ class Decider:
             decision = self._place(ask, node_name, fresh=True)  # the ledger's overlay shows the other booking
         fields["decision"] = self._log_fields(decision)
         if not decision.fits:
+            await self._forget(key, maybe_written)
             return self._no_fit(pod, ask, decision, node_name, warnings, fields)
         PLACEMENTS.labels(decision.policy, "placed").inc()
         if not request.dry_run:
@@ -172,6 +176,11 @@ class Decider:
         else:
             patch = mutation.pin_patch(pod, decision, key, cfg.mutation.topology_key)
         return Outcome(Verdict(True, warnings=warnings, patch=patch), "patched", fields)
+
+    async def _forget(self, key: str, maybe_written: bool) -> None:
+        """The pod is not placed: take back a reservation a timed-out attempt may have written."""
+        if maybe_written:
+            await self.runtime.ledger.release(key)
 
     def _place(self, ask: GpuRequest, node_name: str | None, *, fresh: bool = False) -> Decision:
         # The index carries the ledger's reservations (`applied`); catching up with expiries and

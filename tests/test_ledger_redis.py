@@ -6,6 +6,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -162,3 +164,52 @@ async def test_a_burst_of_timeouts_is_not_an_outage_but_a_second_of_them_is(redi
         await client.execute_command("CLIENT", "UNPAUSE")
         await client.aclose()
         await ledger.close()
+
+
+async def test_a_pod_denied_after_timed_out_reservations_leaves_no_room_promised(redis_server: RedisServer) -> None:
+    """This replica's event loop stalls while its reservations are in flight (a long GC pause, a
+    sweep of thousands of nodes): each attempt times out although Redis ran its script, and the pod
+    is denied. The denial must release its key, or the room stays promised to nobody for the TTL."""
+    from hami import config as config_mod
+    from hami.admission import decode_review
+    from hami.decide import Decider
+    from hami.runtime import Runtime
+    from tests.webhook_fixture import gpu_container, pod, review_of
+
+    ledger = {"timeout_s": 0.1, "retry_s": 0.1, "refresh_s": 0.1, "ttl_s": 60}
+    cfg = config_mod.load(None, environ={}, overrides={"state": {"redis_url": redis_server.url, "ledger": ledger}})
+    runtime = Runtime(cfg)
+    await runtime.start()
+    client = aioredis.Redis.from_url(redis_server.url)
+    reservations = f"{SETTINGS.prefix}:reservations"
+    try:
+        for _ in range(100):
+            if runtime.readiness()[0]:
+                break
+            await asyncio.sleep(0.05)
+        decider = Decider(runtime)
+
+        def admission(name: str) -> Any:
+            card = gpu_container(**{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024})
+            return decode_review(json.dumps(review_of(pod(name, containers=[card]))).encode())
+
+        placed = await decider.decide(admission("warm"), "mutate")
+        assert placed.result == "patched" and await client.hexists(reservations, "default/warm")
+        batcher = runtime.ledger._reserve_batch  # type: ignore[attr-defined]
+        send = batcher._execute
+
+        async def stalled(calls: Any) -> Any:
+            time.sleep(0.15)  # noqa: ASYNC251 - the loop is stuck past the caller's timeout; the script is sent after
+            return await send(calls)
+
+        batcher._execute = stalled
+        denied = await decider.decide(admission("held"), "mutate")
+        batcher._execute = send
+        assert not denied.verdict.allowed and denied.verdict.code == 409, denied.verdict
+        assert runtime.ledger.up  # type: ignore[attr-defined]
+        await asyncio.sleep(0.3)  # every stalled script has run by now
+        assert not await client.hexists(reservations, "default/held")
+        assert await client.hexists(reservations, "default/warm")
+    finally:
+        await client.aclose()
+        await runtime.stop()

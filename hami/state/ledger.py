@@ -30,6 +30,7 @@ import orjson
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hami.state import metrics
 from hami.state.model import DeviceUsage, NamespaceUsage, ReservationItem, quota_usage
@@ -48,6 +49,9 @@ class ReserveResult:
     refused_uuid: str = ""  # the device that would overflow (empty when ok)
     reason: str = ""
     backend: str = "memory"  # memory | redis | fallback
+    # A refusal whose script may still have run (a timeout): if the caller does not reserve the key
+    # again, it must release it, or the room stays promised to a pod that was denied.
+    maybe_written: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +356,7 @@ return 1
 """
 
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
+_TIMEOUTS = (TimeoutError, RedisTimeoutError)  # asyncio's bound, or redis-py's socket timeout
 CLOSE_TIMEOUT_S = 2.0  # the longest close() waits for the background task and the connections
 # Redis is taken for gone, not just busy, after this many consecutive reservation timeouts with no
 # success for DOWN_AFTER_S: a burst that times out together (one slow batch, one long pause of this
@@ -436,20 +441,20 @@ class RedisLedger:
             try:
                 async with asyncio.timeout(self.settings.timeout_s):
                     result = await self._reserve_remote(key, items, ttl)
-            except TimeoutError as exc:
+            except _TIMEOUTS as exc:
                 # Slow is not down: the script may have run, and falling back now would let two
                 # replicas promise the same room. Refuse (the caller re-places and retries with the
                 # same key, which replaces itself); only a run of timeouts means Redis is gone.
                 self._timeouts += 1
-                if self._timeouts < TIMEOUTS_BEFORE_DOWN or time.monotonic() - self._last_ok < DOWN_AFTER_S:
+                if self._timeouts < TIMEOUTS_BEFORE_DOWN or not self._silent_long_enough():
                     metrics.LEDGER_RESERVATIONS.labels("timeout").inc()
-                    return ReserveResult(False, "", "redis reservation timed out", "redis")
+                    return ReserveResult(False, "", "redis reservation timed out", "redis", maybe_written=True)
                 self._mark(False, exc)
             except _REDIS_DOWN as exc:
                 self._mark(False, exc)
             else:
                 self._timeouts = 0
-                self._last_ok = time.monotonic()
+                self._answered()
                 metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
                 if not result.ok and result.refused_uuid:
                     # Another replica took the room: the caller places again, on an overlay that knows it.
@@ -470,10 +475,26 @@ class RedisLedger:
             try:
                 async with asyncio.timeout(self.settings.timeout_s):
                     await self._release_script(keys=[self._all_key], args=[key, self._dev_prefix])
+                self._answered()
                 return
+            except _TIMEOUTS:
+                pass  # kept for the background task to release (see _background)
             except _REDIS_DOWN as exc:
                 self._mark(False, exc)
         self._pending_release.add(key)
+
+    def _answered(self) -> None:
+        self._last_ok = time.monotonic()
+
+    def _silent_long_enough(self) -> bool:
+        """Whether Redis has answered nothing for DOWN_AFTER_S: only then is a timeout an outage.
+        A stall of this replica's own event loop (GC, a long sweep) also shows up as timeouts."""
+        return time.monotonic() - self._last_ok >= DOWN_AFTER_S
+
+    async def _release_pending(self) -> None:
+        for key in list(self._pending_release):
+            await self._release_script(keys=[self._all_key], args=[key, self._dev_prefix])
+            self._pending_release.discard(key)
 
     def overlay(self) -> Mapping[str, DeviceUsage]:
         remote = self._remote.view(self._clock())
@@ -527,9 +548,7 @@ class RedisLedger:
         Both its own earlier ones (a restarted Redis without persistence forgot them; the same key
         replaces itself, so replaying what Redis still holds is harmless) and the fallback's.
         """
-        for key in list(self._pending_release):
-            await self._release_script(keys=[self._all_key], args=[key, self._dev_prefix])
-            self._pending_release.discard(key)
+        await self._release_pending()
         now = self._clock()
         self._own = {k: r for k, r in self._own.items() if r.expires_at > now}
         for r in [*self._own.values(), *self._fallback.reservations()]:
@@ -559,7 +578,10 @@ class RedisLedger:
                     await self._redis.ping()
                     await self._recover()
                     self._mark(True)
+                if self._pending_release:  # releases that timed out while Redis was up
+                    await self._release_pending()
                 await self.refresh()
+                self._answered()
                 await asyncio.sleep(self.settings.refresh_s)
             except _REDIS_DOWN as exc:
                 task = asyncio.current_task()
@@ -567,7 +589,8 @@ class RedisLedger:
                     # redis-py can turn our cancellation into a connection error mid-read: do not
                     # swallow it, or close() would wait for this loop forever.
                     raise asyncio.CancelledError from exc
-                self._mark(False, exc)
+                if not isinstance(exc, _TIMEOUTS) or self._silent_long_enough():
+                    self._mark(False, exc)
                 await asyncio.sleep(self.settings.retry_s)
 
     async def start(self) -> None:
