@@ -260,6 +260,23 @@ def answer_mix(url: str, body: Path, samples: int = 20) -> dict[str, int]:
     return mix
 
 
+def ledger_results(port: int) -> dict[str, int]:
+    """The webhook's reservation outcomes over the whole run (ok, refused, timeout, fallback_*):
+    a Redis run that fell back to the in-process ledger would be measuring the wrong thing."""
+    import urllib.request
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    text = urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10).read().decode()
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("hami_webhook_ledger_reservations_total{"):
+            labels, _, value = line.rpartition(" ")
+            out[labels.split('result="', 1)[1].split('"', 1)[0]] = int(float(value))
+    return out
+
+
 def measure(
     name: str, server_cmd: list[str], port: int, endpoint: str, body: Path, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
@@ -298,6 +315,8 @@ def measure(
         result["background_cpu_ms_per_s"] = background_rate * 1000
         result["rss_mb"] = rss_mb(proc.pid)
         result["answers"] = answer_mix(url, body)
+        if name == "webhook":
+            result["ledger_results"] = ledger_results(port)
         result["load_generator"] = "wrk" if use_wrk else "aiohttp"
         return result
     finally:
@@ -389,6 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio": webhook["rps"] / null["rps"] if null["rps"] else 0.0,
         "load_generator": webhook["load_generator"],
         "answers": webhook["answers"],
+        "ledger_results": webhook.get("ledger_results", {}),
         "cores": len(cores()),
     }
 
@@ -437,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {null['p99_ms']:.2f} ms  cpu {null['cpu_us_per_admission']:.0f} us/adm  rss {null['rss_mb']:.0f} MB"
         )
         print(f"  ratio:   {result['ratio']:.2f}")
+        if result["ledger_results"]:
+            print(f"  reservations: {result['ledger_results']}")
     return 0
 
 

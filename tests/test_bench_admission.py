@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("workload", ["plain", "gpu"])
-def test_admission_bench_quick_mode_prints_its_figures(workload: str) -> None:
+@pytest.mark.parametrize(("workload", "ledger"), [("plain", "memory"), ("gpu", "memory"), ("gpu", "redis")])
+def test_admission_bench_quick_mode_prints_its_figures(workload: str, ledger: str) -> None:
     result = subprocess.run(
         [
             sys.executable,
@@ -30,6 +30,8 @@ def test_admission_bench_quick_mode_prints_its_figures(workload: str) -> None:
             "0.5",
             "--concurrency",
             "4",
+            "--ledger",
+            ledger,
             "--no-wrk",
             "--json",
         ],
@@ -47,5 +49,7 @@ def test_admission_bench_quick_mode_prints_its_figures(workload: str) -> None:
     if workload == "gpu":
         # The GPU pods were really placed (300 nodes hold 12,000 such 8Gi/20% slices: more than a 1 s run uses).
         assert report["answers"].get("patched", 0) > 0, report
+        results = report["ledger_results"]
+        assert results.get("ok", 0) > 0 and not any(k.startswith("fallback") for k in results), report
     else:
         assert report["answers"] == {"allowed": 20}, report
