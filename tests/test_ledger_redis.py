@@ -213,3 +213,25 @@ async def test_a_pod_denied_after_timed_out_reservations_leaves_no_room_promised
     finally:
         await client.aclose()
         await runtime.stop()
+
+
+async def test_a_release_that_times_out_is_retried_by_the_background_task(redis_server: RedisServer) -> None:
+    ledger = RedisLedger(redis_server.url, LedgerSettings(timeout_s=0.1, refresh_s=0.05, retry_s=0.05))
+    await ledger.start()
+    client = aioredis.Redis.from_url(redis_server.url)
+    reservations = f"{SETTINGS.prefix}:reservations"
+    try:
+        assert (await ledger.reserve("ns/gone", [item("GPU-1", 100, 1000)], 60)).ok
+        await client.execute_command("CLIENT", "PAUSE", "400", "WRITE")
+        await ledger.release("ns/gone")  # times out: Redis is only slow, the replica stays on it
+        assert ledger.up
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if not await client.hexists(reservations, "ns/gone") and "GPU-1" not in ledger.overlay():
+                break
+        assert not await client.hexists(reservations, "ns/gone") and ledger.up
+        assert "GPU-1" not in ledger.overlay()  # a refresh meanwhile showed it again; gone for good now
+    finally:
+        await client.execute_command("CLIENT", "UNPAUSE")
+        await client.aclose()
+        await ledger.close()
