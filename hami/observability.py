@@ -133,6 +133,7 @@ def exc_info_to_text(logger: Any, method: str, event: dict[str, Any]) -> dict[st
         return structlog.processors.format_exc_info(logger, method, event)
     return event
 
+
 LOG_SINK: LineBuffer | None = None  # the JSON log's buffer; the server drains it periodically
 
 

@@ -110,7 +110,7 @@ def resource_value(container: Mapping[str, Any], name: str) -> Any:
     return None
 
 
-def _asks_any(container: Mapping[str, Any], names: frozenset[str]) -> bool:
+def asks_any_gpu(container: Mapping[str, Any], names: frozenset[str]) -> bool:
     """Whether the container names any GPU resource: most do not, and then nothing else is read."""
     resources = container.get("resources")
     if not isinstance(resources, dict):
@@ -216,7 +216,7 @@ def gpu_request(template: PodTemplate, names: ResourceNames = DEFAULT_NAMES) -> 
     containers: list[ContainerGpuRequest] = []
     gpu_names = names.all
     for kind, index, container in template.containers():
-        if kind != "containers" or not _asks_any(container, gpu_names):
+        if kind != "containers" or not asks_any_gpu(container, gpu_names):
             continue
         request = container_request(container, kind, index, template.path, names)
         if request is not None and request.count > 0:

@@ -13,7 +13,7 @@ from typing import Any
 
 from hami.content_memo import ContentMemo
 from hami.quantity import QuantityError, bytes_to_mib, parse_quantity
-from hami.requests import ResourceNames
+from hami.requests import ResourceNames, asks_any_gpu
 from hami.validation.model import Finding
 from hami.workloads import PodTemplate
 
@@ -127,8 +127,7 @@ def read_container(
     name = raw_name if isinstance(raw_name, str) and raw_name else f"{kind}[{index}]"
     path = f"{base_path}.{kind}[{index}]"
     restartable = kind == "initContainers" and container.get("restartPolicy") == "Always"
-    gpu_names = names.all
-    if gpu_names.isdisjoint(_section(container, "limits")) and gpu_names.isdisjoint(_section(container, "requests")):
+    if not asks_any_gpu(container, names.all):
         # Most containers ask for no GPU: skip the per-name lookups (this runs for every admission).
         return ContainerGpu(kind, index, name, path, restartable, None, None, None, None, None, None, None), findings
     # The pods of one workload repeat the same container: read each shape once.
