@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -29,14 +29,15 @@ class ReviewError(ValueError):
         return {"error": "invalid AdmissionReview", "field": self.field_path, "message": str(self)}
 
 
-@dataclass(frozen=True, slots=True)
-class UserInfo:
+class UserInfo(NamedTuple):
     username: str = ""
     groups: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
+# NamedTuples, not frozen dataclasses: equally immutable, and built several times faster (a
+# frozen dataclass sets each field through object.__setattr__), which counts on a record decoded
+# for every admission.
+class AdmissionRequest(NamedTuple):
     """The fields of `request` the webhook uses, type-checked."""
 
     api_version: str  # of the review; the answer uses the same
@@ -52,7 +53,7 @@ class AdmissionRequest:
     object: Mapping[str, Any] | None
     old_object: Mapping[str, Any] | None
     dry_run: bool
-    user: UserInfo = field(default_factory=UserInfo)
+    user: UserInfo = UserInfo()
 
 
 def _expect(container: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str, required: bool) -> Any:
@@ -218,8 +219,7 @@ def clip_warning(text: str) -> str:
     return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 1] + "…"
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """What the decision code answers; `encode_review` turns it into the wire format."""
 
     allowed: bool
@@ -228,7 +228,7 @@ class Verdict:
     code: int = 200
     warnings: tuple[str, ...] = ()
     patch: Sequence[Mapping[str, Any]] = ()  # RFC 6902 operations; only /mutate sends them
-    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    audit_annotations: Mapping[str, str] = MappingProxyType({})  # read-only: the default is shared
 
 
 def deny(message: str, code: int = 403, reason: str = "Forbidden", warnings: tuple[str, ...] = ()) -> Verdict:

@@ -7,8 +7,7 @@ network call: the ledger reservation, bounded by its own timeout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from hami import mutation
 from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict, deny
@@ -26,14 +25,19 @@ log = get_logger("hami.decision")
 RESERVE_ATTEMPTS = 5  # a refused reservation (another replica took the room) re-plans this often
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     verdict: Verdict
     result: str  # allowed | denied | warned | patched | error
-    fields: dict[str, Any] = field(default_factory=dict)  # extra fields for the decision log line
+    fields: dict[str, Any]  # extra fields for the decision log line
 
 
 UNTOUCHED = Outcome(ALLOW, "allowed", {"skipped": "not handled"})
+
+
+def _allowed(warnings: tuple[str, ...], fields: dict[str, Any]) -> Outcome:
+    if warnings:
+        return Outcome(Verdict(True, warnings=warnings), "warned", fields)
+    return Outcome(ALLOW, "allowed", fields)
 
 
 def _reservation_key(request: AdmissionRequest, template: PodTemplate) -> str:
@@ -48,6 +52,9 @@ def _reservation_key(request: AdmissionRequest, template: PodTemplate) -> str:
 class Decider:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        # Bound once: the module's lazy proxy re-resolves itself on every call (logging is set up
+        # before any Decider is made).
+        self._log = log.bind()
 
     # -- entry -------------------------------------------------------------------------------
     async def decide(self, request: AdmissionRequest, endpoint: str) -> Outcome:
@@ -65,29 +72,36 @@ class Decider:
             # Rule ids land in the API server's audit log (the point of `audit` mode) and in ours.
             audit = {"violations": ",".join(f"{v.rule}={v.mode}" for v in violations)}
             outcome.fields["violations"] = [{"rule": v.rule, "mode": str(v.mode), "path": v.path} for v in violations]
-            outcome = Outcome(replace(outcome.verdict, audit_annotations=audit), outcome.result, outcome.fields)
+            outcome = Outcome(outcome.verdict._replace(audit_annotations=audit), outcome.result, outcome.fields)
         return outcome
 
     async def _judge(
         self, request: AdmissionRequest, endpoint: str, templates: list[PodTemplate], violations: list[Violation]
     ) -> Outcome:
-        enforced = [v for v in violations if v.mode is Mode.ENFORCE]
-        warnings = tuple(v.warning or v.message for v in violations if v.mode is Mode.WARN)
         fields: dict[str, Any] = {}
-        if enforced:
-            template = templates[0]
-            language = self.runtime.config.validation.language
-            namespace = template.namespace or request.namespace
-            message = render_denial(enforced, template.kind, template.name, language, namespace=namespace)
-            return Outcome(deny(message, warnings=warnings), "denied", fields)
+        warnings: tuple[str, ...] = ()
+        if violations:
+            enforced = [v for v in violations if v.mode is Mode.ENFORCE]
+            warnings = tuple(v.warning or v.message for v in violations if v.mode is Mode.WARN)
+            if enforced:
+                template = templates[0]
+                language = self.runtime.config.validation.language
+                namespace = template.namespace or request.namespace
+                message = render_denial(enforced, template.kind, template.name, language, namespace=namespace)
+                return Outcome(deny(message, warnings=warnings), "denied", fields)
         is_pod_create = request.kind == "Pod" and request.operation == "CREATE" and not request.sub_resource
         if endpoint == "mutate" and is_pod_create:
-            return await self.place(request, templates[0], warnings, fields)
-        return Outcome(Verdict(allowed=True, warnings=warnings), "warned" if warnings else "allowed", fields)
+            try:
+                ask = gpu_request(templates[0], self.runtime.config.validation.resources)
+            except RequestError as exc:
+                return Outcome(deny(f"cannot read the GPU request: {exc}", 400, "Invalid", warnings), "denied", fields)
+            if ask is not None:  # most pods ask for no GPU: they never enter placement
+                return await self.place(request, templates[0], ask, warnings, fields)
+        return _allowed(warnings, fields)
 
     # -- validation --------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest, templates: list[PodTemplate]) -> list[Violation]:
-        if all(trivially_clean(t) for t in templates):
+        if all(map(trivially_clean, templates)):
             return []  # no rule can fire: skip building the context (the namespace's usage above all)
         settings = self.runtime.config.validation
         namespace = templates[0].namespace or request.namespace
@@ -107,16 +121,15 @@ class Decider:
 
     # -- placement ---------------------------------------------------------------------------
     async def place(
-        self, request: AdmissionRequest, template: PodTemplate, warnings: tuple[str, ...], fields: dict[str, Any]
+        self,
+        request: AdmissionRequest,
+        template: PodTemplate,
+        ask: GpuRequest,
+        warnings: tuple[str, ...],
+        fields: dict[str, Any],
     ) -> Outcome:
         pod = request.object or {}
         cfg = self.runtime.config
-        try:
-            ask = gpu_request(template, self.runtime.config.validation.resources)
-        except RequestError as exc:
-            return Outcome(deny(f"cannot read the GPU request: {exc}", 400, "Invalid", warnings), "denied", fields)
-        if ask is None:
-            return Outcome(Verdict(True, warnings=warnings), "warned" if warnings else "allowed", fields)
         if mutation.already_injected(template.metadata):
             fields["placement"] = "already injected"
             return Outcome(Verdict(True, warnings=warnings), "allowed", fields)
@@ -242,22 +255,27 @@ class Decider:
 
     # -- log ---------------------------------------------------------------------------------
     def log_decision(self, request: AdmissionRequest, endpoint: str, outcome: Outcome, elapsed: float) -> None:
-        obj = request.object or request.old_object or {}
-        patch_paths = [op.get("path") for op in outcome.verdict.patch] if endpoint == "mutate" else []
-        log.info(
+        verdict = outcome.verdict
+        namespace, name = request.namespace, request.name
+        if not (namespace and name):  # a pod named by generateName, or a review without namespace
+            obj = request.object or request.old_object or {}
+            namespace = namespace or (obj.get("metadata") or {}).get("namespace", "")
+            name = name or object_name(obj)
+        self._log.info(
             "admission",
             uid=request.uid,
             endpoint=endpoint,
             kind=request.kind,
-            namespace=request.namespace or (obj.get("metadata") or {}).get("namespace", ""),
-            name=request.name or object_name(obj),
+            namespace=namespace,
+            name=name,
             operation=request.operation,
             dry_run=request.dry_run,
             user=request.user.username,
             result=outcome.result,
-            reason=outcome.verdict.message or None,
-            warnings=list(outcome.verdict.warnings) or None,
-            patch_paths=patch_paths or None,
+            reason=verdict.message or None,
+            warnings=list(verdict.warnings) or None,
+            patch_paths=[op.get("path") for op in verdict.patch] if endpoint == "mutate" and verdict.patch else None,
             duration_ms=round(elapsed * 1000, 3),
             **outcome.fields,
         )
+

@@ -24,10 +24,9 @@ from hami.decide import Decider, Outcome
 from hami.gc_policy import LongLivedGc
 from hami.observability import (
     ACTIVE_CONNECTIONS,
+    ADMISSIONS,
     BAD_REQUESTS,
-    DURATION,
     INTERNAL_ERRORS,
-    REQUESTS,
     flush_logs,
     get_logger,
 )
@@ -57,16 +56,13 @@ def _internal_error_verdict(runtime: Runtime) -> Verdict:
     )
 
 
-def make_admission_handler(endpoint: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+def make_admission_handler(
+    endpoint: str, runtime: Runtime, decider: Decider
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     with_patch = endpoint == "mutate"
-    histogram = DURATION.labels(endpoint=endpoint)
-    # labels() costs a lock and a tuple build per call; the combinations are few, so keep the children.
-    counters: dict[tuple[str, str, str], Any] = {}
 
     async def handle(request: web.Request) -> web.Response:
-        runtime = request.app[RUNTIME_KEY]
-        decider = request.app[DECIDER_KEY]
-        limit = runtime.config.server.max_body_bytes
+        limit = runtime.config.server.max_body_bytes  # read per request: a config reload may change it
         if request.content_length is not None and request.content_length > limit:
             return _bad_request(endpoint, ReviewError(f"body of {request.content_length} bytes exceeds {limit}"))
         try:
@@ -89,12 +85,7 @@ def make_admission_handler(endpoint: str) -> Callable[[web.Request], Awaitable[w
             outcome = Outcome(_internal_error_verdict(runtime), result="error", fields={})
         answer = encode_review(review.api_version, review.uid, outcome.verdict, with_patch=with_patch)
         elapsed = time.perf_counter() - started
-        histogram.observe(elapsed)
-        key = (review.operation, review.kind, outcome.result)
-        counter = counters.get(key)
-        if counter is None:
-            counter = counters[key] = REQUESTS.labels(endpoint, *key)
-        counter.inc()
+        ADMISSIONS.observe(endpoint, review.operation, review.kind, outcome.result, elapsed)
         decider.log_decision(review, endpoint, outcome, elapsed)
         return web.Response(body=answer, content_type="application/json")
 
@@ -122,9 +113,9 @@ async def metrics(_: web.Request) -> web.Response:
 def make_app(runtime: Runtime) -> web.Application:
     app = web.Application(client_max_size=runtime.config.server.max_body_bytes)
     app[RUNTIME_KEY] = runtime
-    app[DECIDER_KEY] = Decider(runtime)
-    app.router.add_post("/mutate", make_admission_handler("mutate"))
-    app.router.add_post("/validate", make_admission_handler("validate"))
+    app[DECIDER_KEY] = decider = Decider(runtime)
+    app.router.add_post("/mutate", make_admission_handler("mutate", runtime, decider))
+    app.router.add_post("/validate", make_admission_handler("validate", runtime, decider))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -33,8 +33,7 @@ def test_lines_are_batched_and_errors_go_out_at_once() -> None:
     observability.LOG_SINK = buffer
     structlog.configure(
         processors=[
-            structlog.processors.add_log_level,
-            observability._urgent_errors,
+            observability.stamp,
             structlog.processors.JSONRenderer(serializer=observability._orjson_dumps),
         ],
         logger_factory=structlog.BytesLoggerFactory(buffer),
@@ -132,7 +131,7 @@ def test_timestamps_are_iso_utc_with_microseconds_across_second_boundaries(monke
     ]
     for instant, want in zip(instants, expected, strict=True):
         monkeypatch.setattr(observability.time, "time", lambda instant=instant: instant)
-        assert observability.utc_timestamp(None, "info", {})["timestamp"] == want
+        assert observability.iso_utc_now() == want
         moment = datetime.datetime.fromtimestamp(instant, datetime.UTC)
         # What structlog's TimeStamper(fmt="iso", utc=True) writes, except that it drops a zero
         # microsecond part (fixed width here, so lines sort and align).
@@ -160,3 +159,24 @@ def test_configured_json_log_goes_through_the_buffer_and_renders_exceptions() ->
     finally:
         observability.LOG_SINK = None
         structlog.reset_defaults()
+
+
+def test_admission_metrics_count_per_label_set_and_bucket_inclusively() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    metrics = observability.AdmissionMetrics(buckets=(0.001, 0.01))
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    for seconds in (0.0005, 0.001, 0.002, 5.0):  # 0.001 is on the bound: le is inclusive
+        metrics.observe("mutate", "CREATE", "Pod", "patched", seconds)
+    metrics.observe("validate", "UPDATE", "Deployment", "denied", 0.02)
+    text = generate_latest(registry).decode()
+    assert 'hami_webhook_requests_total{endpoint="mutate",kind="Pod",operation="CREATE",result="patched"} 4.0' in text
+    denied = 'endpoint="validate",kind="Deployment",operation="UPDATE",result="denied"'
+    assert f"hami_webhook_requests_total{{{denied}}} 1.0" in text
+    assert 'hami_webhook_request_duration_seconds_bucket{endpoint="mutate",le="0.001"} 2.0' in text
+    assert 'hami_webhook_request_duration_seconds_bucket{endpoint="mutate",le="0.01"} 3.0' in text
+    assert 'hami_webhook_request_duration_seconds_bucket{endpoint="mutate",le="+Inf"} 4.0' in text
+    assert 'hami_webhook_request_duration_seconds_count{endpoint="mutate"} 4.0' in text
+    assert 'hami_webhook_request_duration_seconds_sum{endpoint="mutate"} 5.0035' in text
+    assert 'hami_webhook_request_duration_seconds_bucket{endpoint="validate",le="0.01"} 0.0' in text
