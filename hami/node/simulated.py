@@ -44,13 +44,16 @@ _METRICS = ("util", "mem", "temp", "power")  # one noise draw each per card and 
 
 
 _UNPACK = struct.Struct(">" + "Q" * len(_METRICS)).unpack
+_TWO_TO_MINUS_63 = 2.0**-63
 
 
 def _draws(seed: int, node: str, index: int, bucket: int) -> tuple[float, ...]:
     """Deterministic draws in [-1, 1), one per metric in _METRICS order, from one hash (stable
     across processes, unlike hash()). A tuple, not a dict: a fleet sweep draws for every card."""
     digest = hashlib.blake2b(f"{seed}|{node}|{index}|{bucket}".encode(), digest_size=8 * len(_METRICS)).digest()
-    return tuple(v / 2**63 - 1.0 for v in _UNPACK(digest))
+    # A list comprehension, not a generator: this runs for every card of every sweep. Scaling by
+    # 2**-63 is exact, so the draws are the same as v / 2**63.
+    return tuple([v * _TWO_TO_MINUS_63 - 1.0 for v in _UNPACK(digest)])
 
 
 def gpu_uuid(node: str, index: int) -> str:

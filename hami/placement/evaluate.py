@@ -7,7 +7,7 @@ the index memoise it for every node in the same state.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hami.placement.filters import (
     DEVICE_FILTERS,
@@ -47,8 +47,9 @@ CONSTRAINT_CLASSES = frozenset({"selector", "gpu-type", "gpu-uuid"})
 Assignment = tuple[tuple[int, int, int, int], ...]  # (container #, device position, memory MiB, cores)
 
 
-@dataclass(frozen=True, slots=True)
-class NodeEval:
+class NodeEval(NamedTuple):
+    """A node's verdict for one request (a NamedTuple: built for every node judged in full)."""
+
     fits: bool
     score: float = 0.0
     tiebreak: float = 0.0  # policy's secondary preference, higher wins

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 import redis.asyncio as aioredis
@@ -80,8 +80,7 @@ class Ledger(Protocol):
 # ---- pure core -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Need:
+class _Need(NamedTuple):
     memory_mib: int
     cores: int
     capacity_mib: int
