@@ -66,6 +66,10 @@ class Decider:
             raise ReviewError(f"request.object: {exc}", "request.object") from None
         if not templates:
             return UNTOUCHED
+        if all(map(trivially_clean, templates)):
+            # No rule can fire, and no container names a resource beyond CPU, memory and ephemeral
+            # storage, so there is no GPU to place either: most pods of a cluster end here.
+            return Outcome(ALLOW, "allowed", {})
         violations = self.validate(request, templates)
         outcome = await self._judge(request, endpoint, templates, violations)
         if violations:
@@ -101,8 +105,7 @@ class Decider:
 
     # -- validation --------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest, templates: list[PodTemplate]) -> list[Violation]:
-        if all(map(trivially_clean, templates)):
-            return []  # no rule can fire: skip building the context (the namespace's usage above all)
+        """The templates' violations; `decide` has answered trivially clean objects already."""
         settings = self.runtime.config.validation
         namespace = templates[0].namespace or request.namespace
         context = ValidationContext(
