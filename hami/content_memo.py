@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 R = TypeVar("R")
 
 DEFAULT_LIMIT = 4096  # distinct container shapes remembered; a cluster has far fewer
+_MISSING = object()  # a stored result may be None (a container asking for no GPU)
 
 
 class ContentMemo(Generic[R]):
@@ -27,10 +28,10 @@ class ContentMemo(Generic[R]):
         self.misses = 0
 
     def get(self, key: Hashable, compute: Callable[[], R]) -> R:
-        result = self._results.get(key)
-        if result is not None:
+        found = self._results.get(key, _MISSING)
+        if found is not _MISSING:
             self.hits += 1
-            return result
+            return found  # type: ignore[return-value]
         self.misses += 1
         result = compute()
         if len(self._results) >= self._limit:

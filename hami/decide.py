@@ -69,7 +69,7 @@ class Decider:
         if all(map(trivially_clean, templates)):
             # No rule can fire, and no container names a resource beyond CPU, memory and ephemeral
             # storage, so there is no GPU to place either: most pods of a cluster end here.
-            return Outcome(ALLOW, "allowed", {})
+            return _allowed((), {})
         violations = self.validate(request, templates)
         outcome = await self._judge(request, endpoint, templates, violations)
         if violations:
@@ -281,4 +281,3 @@ class Decider:
             duration_ms=round(elapsed * 1000, 3),
             **outcome.fields,
         )
-

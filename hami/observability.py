@@ -25,7 +25,6 @@ from prometheus_client.utils import floatToGoString
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-
 class AdmissionMetrics(RegistryCollector):
     """hami_webhook_requests_total and hami_webhook_request_duration_seconds, counted in plain ints
     and floats and turned into metric families when Prometheus scrapes.
@@ -101,10 +100,6 @@ PLACEMENTS = Counter(
     "Placement outcomes for GPU pods: placed, no_fit, hands_off, preset_node, reserve_conflict.",
     ["policy", "result"],
 )
-
-
-def _orjson_dumps(event: Any, **_: Any) -> bytes:
-    return orjson.dumps(event, default=str)
 
 
 class LineBuffer:

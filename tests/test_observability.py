@@ -33,8 +33,7 @@ def test_lines_are_batched_and_errors_go_out_at_once() -> None:
     observability.LOG_SINK = buffer
     structlog.configure(
         processors=[
-            observability.stamp,
-            structlog.processors.JSONRenderer(serializer=observability._orjson_dumps),
+            observability.render_json,
         ],
         logger_factory=structlog.BytesLoggerFactory(buffer),
         cache_logger_on_first_use=False,

@@ -145,3 +145,13 @@ def test_repeated_container_shapes_are_read_once_and_changes_are_never_missed() 
         gpus, findings = read_template(template, DEFAULT_NAMES)
         assert [f.params["value"] for f in findings] == [shown] and gpus[0].count == 1
     requests_module._READS = ContentMemo()
+
+
+def test_content_memo_remembers_results_that_are_none() -> None:
+    from hami.content_memo import ContentMemo
+
+    memo: ContentMemo[int | None] = ContentMemo()
+    computed: list[str] = []
+    for _ in range(3):
+        assert memo.get("no-gpu", lambda: computed.append("no-gpu")) is None
+    assert computed == ["no-gpu"] and (memo.hits, memo.misses) == (2, 1)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hami.placement.frag import matches
 from hami.placement.selectors import node_labels, selector_allows
 from hami.placement.settings import PlacementSettings
 from hami.requests import ContainerGpuRequest, GpuRequest
@@ -112,10 +113,9 @@ def device_health(d: Device, request: GpuRequest, s: PlacementSettings, ctx: Dev
 
 
 def device_type(d: Device, request: GpuRequest, s: PlacementSettings, ctx: DeviceContext) -> str:
-    model = d.gpu.model.lower()
-    if request.use_types and not any(t.lower() in model for t in request.use_types):
+    if request.use_types and not matches(request.use_types, d.gpu.model):
         return f"GPU-{d.gpu.index} is {d.gpu.model}, pod wants {','.join(request.use_types)}"
-    if any(t.lower() in model for t in request.nouse_types):
+    if matches(request.nouse_types, d.gpu.model):
         return f"GPU-{d.gpu.index} is {d.gpu.model}, pod excludes it"
     return ""
 

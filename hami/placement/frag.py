@@ -78,7 +78,8 @@ DEFAULT_MIX = ShapeMix(
 
 
 def matches(models: tuple[str, ...], model: str) -> bool:
-    """A shape's model list against a card model, as `shape_frag` and the gpu-type filter compare."""
+    """Whether a card model is one of `models`: case-insensitive substring, HAMi's nvidia.com/use-gputype
+    rule (the gpu-type filter and `shape_frag` both use it)."""
     return any(m.lower() in model.lower() for m in models)
 
 
