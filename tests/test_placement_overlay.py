@@ -319,3 +319,22 @@ def test_state_keys_of_emptied_classes_are_forgotten_while_readings_keep_moving(
         assert len(index._class_of_key) == len(index.classes) <= len(nodes)
     fresh = build_index(Snapshot(tuple(index.nodes.values())), PlacementSettings())
     assert signature(index) == signature(fresh)
+
+
+def test_a_shape_s_search_figures_are_kept_apart_by_uuid_exclusions_and_utilisation_state() -> None:
+    """The index keeps each request shape's search figures (device context, ask); a request that
+    differs only by excluded UUIDs, or a snapshot whose utilisation turned unknown, must not reuse
+    another's: the excluded device would be offered, the unknown utilisation ignored."""
+    nodes = [Node("solo", (gpu("solo", 0, utilisation=10.0), gpu("solo", 1, utilisation=10.0)))]
+    index = build_index(Snapshot(nodes=tuple(nodes)), PlacementSettings())
+    first = place(ask(), index, index.applied, index.settings)
+    assert first.fits
+    taken = first.devices[0].uuid
+    again = place(ask(nouse_uuids=(taken,)), index, index.applied, index.settings)
+    assert again.fits and [d.uuid for d in again.devices] != [taken]
+    bounded = ask(max_gpu_util=50.0)
+    assert place(bounded, index, index.applied, index.settings).fits
+    index.snapshot = dataclasses.replace(index.snapshot, utilisation_known=False)
+    refused = place(bounded, index, index.applied, index.settings)
+    assert not refused.fits  # conservative: unknown utilisation fails a utilisation bound
+    assert "utilisation" in refused.deny_message()

@@ -30,9 +30,10 @@ from hami.placement.evaluate import (
     evaluate_node,
     reject,
 )
+from hami.placement.filters import DeviceContext
 from hami.placement.frag import ShapeMix
 from hami.placement.index import PlacementIndex, RequestView, build_index
-from hami.placement.search import SEARCH_POLICIES, best_first
+from hami.placement.search import SEARCH_POLICIES, Ask, ask_of, best_first
 from hami.placement.selectors import HOSTNAME_LABEL, mentions_hostname
 from hami.placement.settings import POLICIES, PlacementSettings
 from hami.requests import GpuRequest
@@ -111,22 +112,30 @@ def place(
     index first, which costs O(overlay) unless it is the very mapping synced last (`last_synced`).
     """
     policy = resolve_policy(request, settings)
-    dctx = device_context(request, settings, index.snapshot.utilisation_known)
     keep = max(0, settings.runners_up)
     searchable = node_name is None and not request.use_uuids
     search = policy in SEARCH_POLICIES and searchable and not mentions_hostname(request.node_selector, request.affinity)
     if search and reserved is not index.applied:
         index.sync_overlay(reserved)
         reserved = index.applied
+    utilisation_known = index.snapshot.utilisation_known
+    memo = ask = None
+    if search and settings is index.settings:
+        # Quick-check rejections hold for the shape whatever the policy, under the index's settings;
+        # so do the search's figures of the ask (UUID exclusions and utilisation's state change them).
+        shape = request_key(request, "")
+        memo = index.rejection_memo(shape)
+        figures = (shape, request.nouse_uuids, utilisation_known)
+        dctx, ask = index.per_shape(figures, lambda: _search_figures(request, settings, utilisation_known))
+    else:
+        dctx = device_context(request, settings, utilisation_known)
 
     def evaluate(node: Node) -> NodeEval:
         return evaluate_node(node, reserved, request, policy, settings, index.sctx, dctx)
 
     view: RequestView | None = None
     if search:
-        # Quick-check rejections hold for the shape whatever the policy, under the index's settings.
-        memo = index.rejection_memo(request_key(request, "")) if settings is index.settings else None
-        found = best_first(request, index, settings, policy, keep + 1, evaluate, memo, dctx)
+        found = best_first(request, index, settings, policy, keep + 1, evaluate, memo, dctx, ask)
         if not found.ranked:
             return Decision(
                 node=None,
@@ -187,6 +196,13 @@ def place(
             rejected=_rejections(view, index, skip, single_verdicts, keep or 3, evaluate),
         )
     return _decision(request, index, policy, ranked, considered, filtered)
+
+
+def _search_figures(
+    request: GpuRequest, settings: PlacementSettings, utilisation_known: bool
+) -> tuple[DeviceContext, Ask]:
+    dctx = device_context(request, settings, utilisation_known)
+    return dctx, ask_of(request, settings, dctx.util_bound)
 
 
 def _decision(

@@ -28,9 +28,9 @@ from __future__ import annotations
 import bisect
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 from hami.placement.evaluate import NodeEval
 from hami.placement.frag import DEFAULT_MIX, FragModel, ShapeMix
@@ -47,6 +47,7 @@ TIER_UNKNOWN = -1  # never placeable; counted under "freshness"
 _LOG_LIMIT = 200_000
 _MEMO_SHAPES = 64  # request shapes whose quick-check rejections are remembered
 _MEMO_NODES = 4096  # rejections remembered per shape before the memo starts over
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -288,6 +289,7 @@ class PlacementIndex:
         self.log_base = 0  # absolute position of log[0]
         self.views: OrderedDict[Hashable, RequestView] = OrderedDict()
         self.memos: OrderedDict[Hashable, dict[str, tuple[NodeRec, tuple[int, str, int]]]] = OrderedDict()
+        self._per_shape: OrderedDict[Hashable, Any] = OrderedDict()
         self.recs: dict[str, NodeRec] = {}
         self._base: dict[str, tuple[DevRec, ...]] = {}  # per node: its devices without applied usage
         # Per list: (binpack order, spread order) of (sort key, rank); ties by rank in both.
@@ -339,6 +341,19 @@ class PlacementIndex:
             if len(memo) > _MEMO_NODES:  # entries of records long replaced: start over
                 memo.clear()
         return memo
+
+    def per_shape(self, key: Hashable, build: Callable[[], T]) -> T:
+        """What `build` derives from one request shape under the index's settings (the search's
+        figures of the ask), built once and kept LRU-bounded like the rejection memos: the pods of
+        one workload repeat their shape, and each would otherwise derive it again."""
+        found = self._per_shape.get(key)
+        if found is None:
+            found = self._per_shape[key] = build()
+            if len(self._per_shape) > _MEMO_SHAPES:
+                self._per_shape.popitem(last=False)
+        else:
+            self._per_shape.move_to_end(key)
+        return cast(T, found)
 
     def _changed(self, cid: int) -> None:
         self.log.append(cid)

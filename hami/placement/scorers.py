@@ -41,11 +41,15 @@ def hami_node_score(devices: Sequence[Device], split: int, pods: int, cores: int
     """HAMi's node score over all of the node's devices, after adding the request's figures."""
     if not devices:
         return 0.0
-    used = sum(d.pods for d in devices) + pods
-    used_cores = sum(100 - d.cores_free for d in devices) + cores
-    used_mem = sum(d.used_mib for d in devices) + mem
-    total_mem = sum(d.gpu.memory_total_mib for d in devices) or 1
-    return WEIGHT * (used / (split * len(devices)) + used_cores / (100 * len(devices)) + used_mem / total_mem)
+    used, used_cores, used_mem, total_mem = pods, cores, mem, 0
+    for d in devices:  # one pass: the winner of every GPU admission is scored here
+        total = d.gpu.memory_total_mib
+        used += d.pods
+        used_cores += 100 - d.cores_free
+        used_mem += total - d.free_mib  # d.used_mib
+        total_mem += total
+    n = len(devices)
+    return WEIGHT * (used / (split * n) + used_cores / (100 * n) + used_mem / (total_mem or 1))
 
 
 def device_order(policy: str, devices: Sequence[Device], c: ContainerGpuRequest, split: int) -> list[Device]:

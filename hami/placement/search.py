@@ -61,6 +61,7 @@ class Ask:
     _one_mem: dict[int, int] = field(default_factory=dict)
     _type_ok: dict[str, bool] = field(default_factory=dict)
     _first_bucket: dict[int, int] = field(default_factory=dict)
+    _groups: dict[tuple[tuple[int, int], int, bool], tuple[int, float]] = field(default_factory=dict)
 
     def min_mem(self, card: int) -> int:
         """The smallest per-device memory any container asks on a card of `card` MiB (the memory filter)."""
@@ -97,6 +98,14 @@ class Ask:
         v = self._first_bucket.get(card)
         if v is None:
             v = self._first_bucket[card] = 0 if not self.request.containers else first_bucket(card, self.max_mem(card))
+        return v
+
+    def group_figures(self, group: tuple[int, int], split: int, binpack: bool) -> tuple[int, float]:
+        """(first bucket, key offset) of a hardware group's lists for this ask (see `_key_offset`)."""
+        key = (group, split, binpack)
+        v = self._groups.get(key)
+        if v is None:
+            v = self._groups[key] = (self.first_bucket(group[1]), _key_offset(group, self, split, binpack))
         return v
 
     def type_ok(self, model: str) -> bool:
@@ -259,11 +268,13 @@ def best_first(
     evaluate: Callable[[Node], NodeEval],
     memo: dict[str, tuple[NodeRec, Rejection]] | None = None,
     dctx: DeviceContext | None = None,
+    ask: Ask | None = None,
 ) -> Found:
     """The best `want` feasible nodes for binpack/spread in ranking order (see the module doc).
 
     `memo` (the index's `rejection_memo` for this request shape and settings) remembers quick-check
-    rejections per node record, so nodes that stay full for this shape cost a lookup.
+    rejections per node record, so nodes that stay full for this shape cost a lookup. `dctx` and
+    `ask` are the request's device context and `ask_of` figures when the caller keeps them per shape.
 
     `evaluate` must judge nodes with the index's applied usage (`index.applied`) as the overlay, or
     the exact verdicts would disagree with the records the search ranks by.
@@ -275,7 +286,7 @@ def best_first(
     judging it early changes nothing), else re-keyed exactly (kind 0); popped again, it is judged.
     kind 2: a verdict re-keyed."""
     dctx = dctx or device_context(request, settings, index.snapshot.utilisation_known)
-    a = ask_of(request, settings, dctx.util_bound)
+    a = ask or ask_of(request, settings, dctx.util_bound)
     split = max(1, settings.max_pods_per_gpu)
     binpack = policy == "binpack"
     sign = 1.0 if binpack else -1.0
@@ -295,7 +306,7 @@ def best_first(
             continue
         g = per_group.get(group)
         if g is None:
-            g = per_group[group] = (a.first_bucket(group[1]), _key_offset(group, a, split, binpack))
+            g = per_group[group] = a.group_figures(group, split, binpack)
         if bucket < g[0]:
             skipped += len(by_usage)  # every node here has less free on its largest device
             below.append((bucket, key))

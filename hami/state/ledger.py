@@ -54,6 +54,9 @@ class ReserveResult:
     maybe_written: bool = False
 
 
+RESERVED = ReserveResult(True)  # frozen: one shared instance for every successful in-process reserve
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     key: str
@@ -119,13 +122,19 @@ def merge_overlays(*overlays: Mapping[str, DeviceUsage]) -> dict[str, DeviceUsag
     return out
 
 
-def first_overflow(items: Sequence[ReservationItem], used: Mapping[str, DeviceUsage]) -> tuple[str, str] | None:
+_NOTHING_USED = DeviceUsage()
+
+
+def first_overflow(
+    items: Sequence[ReservationItem], used: Mapping[str, DeviceUsage], per_device: Mapping[str, _Need] | None = None
+) -> tuple[str, str] | None:
     """(uuid, why) of the first device the items would overflow given `used`, else None.
 
     Cores only count for items that ask for cores: 0 means no SM limit (HAMi's convention).
+    `per_device` is `needs(items)` when the caller has it already.
     """
-    for uuid, need in needs(items).items():
-        u = used.get(uuid, DeviceUsage())
+    for uuid, need in (needs(items) if per_device is None else per_device).items():
+        u = used.get(uuid, _NOTHING_USED)
         if u.memory_mib + need.memory_mib > need.capacity_mib:
             return uuid, f"memory {u.memory_mib}+{need.memory_mib} MiB > {need.capacity_mib} MiB"
         if need.cores > 0 and u.cores + need.cores > need.capacity_cores:
@@ -137,55 +146,88 @@ def namespace_of(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else ""
 
 
+class _Shares(NamedTuple):
+    """What one reservation adds to the sums, derived once when it is added (and taken back as is)."""
+
+    per_device: dict[str, _Need]
+    typed: tuple[tuple[str, str], ...]  # (uuid, workload type) of the items that name one
+    namespace: str
+    quota: tuple[int, int, int]  # memory MiB, cores, devices counted against the namespace's quota
+
+
+def _shares(r: Reservation, per_device: dict[str, _Need] | None = None) -> _Shares:
+    memory = cores = 0
+    for it in r.items:
+        q = quota_usage(it.memory_mib, it.cores)
+        memory += q.memory_mib
+        cores += q.cores
+    return _Shares(
+        needs(r.items) if per_device is None else per_device,
+        tuple((it.uuid, it.workload_type) for it in r.items if it.workload_type),
+        namespace_of(r.key),
+        (memory, cores, len(r.items)),
+    )
+
+
 class Aggregate:
     """Live reservations and their sums per device and per namespace, kept incrementally.
 
     A burst of admissions must not pay for every pending reservation: adding or removing one
     touches only its own devices, expiry pops a heap, and the overlay mapping is rebuilt (per
-    device, not per reservation) only after a change.
+    device, not per reservation) only after a change. Each reservation's shares are derived once,
+    when it is added: every admission's reservation is added once and expires (or is released) once.
     """
 
     def __init__(self, reservations: Iterable[Reservation] = ()) -> None:
         self.reservations: dict[str, Reservation] = {}
+        self._shares: dict[str, _Shares] = {}
         self._mem: dict[str, int] = {}
         self._cores: dict[str, int] = {}
         self._pods: dict[str, int] = {}
         self._types: dict[str, Counter[str]] = {}
-        self._ns: dict[str, NamespaceUsage] = {}
+        self._ns: dict[str, list[int]] = {}  # namespace -> [memory MiB, cores, devices]
         self._heap: list[tuple[float, str]] = []
         self._view: Mapping[str, DeviceUsage] | None = EMPTY_OVERLAY
         for r in reservations:
             self.add(r)
 
-    def add(self, r: Reservation) -> None:
+    def add(self, r: Reservation, per_device: dict[str, _Need] | None = None) -> None:
+        """`per_device` is `needs(r.items)` when the caller has it already."""
         self.remove(r.key)
+        shares = _shares(r, per_device)
         self.reservations[r.key] = r
-        self._apply(r, +1)
+        self._shares[r.key] = shares
+        self._apply(shares, +1)
         heapq.heappush(self._heap, (r.expires_at, r.key))
 
     def remove(self, key: str) -> Reservation | None:
         r = self.reservations.pop(key, None)
         if r is not None:
-            self._apply(r, -1)
+            self._apply(self._shares.pop(key), -1)
         return r
 
-    def _apply(self, r: Reservation, sign: int) -> None:
-        for uuid, need in needs(r.items).items():
-            self._mem[uuid] = self._mem.get(uuid, 0) + sign * need.memory_mib
-            self._cores[uuid] = self._cores.get(uuid, 0) + sign * need.cores
-            self._pods[uuid] = self._pods.get(uuid, 0) + sign
-            if self._pods[uuid] == 0:
-                del self._mem[uuid], self._cores[uuid], self._pods[uuid]
-        for it in r.items:
-            if it.workload_type:
-                types = self._types.setdefault(it.uuid, Counter())
-                types[it.workload_type] += sign
-                if types[it.workload_type] <= 0:
-                    del types[it.workload_type]
-        ns = namespace_of(r.key)
-        total = sum((quota_usage(it.memory_mib, it.cores) for it in r.items), NamespaceUsage())
-        current = self._ns.get(ns, NamespaceUsage())
-        self._ns[ns] = current + total if sign > 0 else current - total
+    def _apply(self, shares: _Shares, sign: int) -> None:
+        mem, cores, pods = self._mem, self._cores, self._pods
+        for uuid, need in shares.per_device.items():
+            left = pods.get(uuid, 0) + sign
+            if left == 0:
+                del mem[uuid], cores[uuid], pods[uuid]
+            else:
+                mem[uuid] = mem.get(uuid, 0) + sign * need.memory_mib
+                cores[uuid] = cores.get(uuid, 0) + sign * need.cores
+                pods[uuid] = left
+        for uuid, workload_type in shares.typed:
+            types = self._types.setdefault(uuid, Counter())
+            types[workload_type] += sign
+            if types[workload_type] <= 0:
+                del types[workload_type]
+        total = self._ns.get(shares.namespace)
+        if total is None:
+            total = self._ns[shares.namespace] = [0, 0, 0]
+        memory, core_pct, devices = shares.quota
+        total[0] += sign * memory
+        total[1] += sign * core_pct
+        total[2] += sign * devices
         self._view = None
 
     def purge(self, now: float) -> None:
@@ -213,7 +255,8 @@ class Aggregate:
         O(every reserved device) after each change, so every reservation would pay for all others.
         """
         self.purge(now)
-        mine = needs(self.reservations[without_key].items) if without_key in self.reservations else {}
+        own_shares = self._shares.get(without_key)
+        mine = own_shares.per_device if own_shares is not None else {}
         out: dict[str, DeviceUsage] = {}
         for uuid in uuids:
             if uuid not in self._mem:
@@ -227,7 +270,8 @@ class Aggregate:
 
     def namespace_usage(self, namespace: str, now: float) -> NamespaceUsage:
         self.purge(now)
-        return self._ns.get(namespace, NamespaceUsage())
+        total = self._ns.get(namespace)
+        return NamespaceUsage(*total) if total is not None else NamespaceUsage()
 
 
 # ---- in-process ledger -----------------------------------------------------------------------
@@ -250,13 +294,14 @@ class InProcessLedger:
     ) -> ReserveResult:
         """The synchronous reserve; `base` is usage known from elsewhere (other replicas) to count too."""
         now = self._clock()
-        used = self._agg.used_on({it.uuid for it in items}, key, now)
-        refused = first_overflow(items, merge_overlays(base, used) if base else used)
+        per_device = needs(items)
+        used = self._agg.used_on(per_device, key, now)
+        refused = first_overflow(items, merge_overlays(base, used) if base else used, per_device)
         if refused is not None:
             return ReserveResult(False, refused[0], refused[1])
         ttl = self.settings.ttl_s if ttl_s is None else ttl_s
-        self._agg.add(Reservation(key, tuple(items), now + ttl))
-        return ReserveResult(True)
+        self._agg.add(Reservation(key, tuple(items), now + ttl), per_device)
+        return RESERVED
 
     async def reserve(self, key: str, items: Sequence[ReservationItem], ttl_s: float | None = None) -> ReserveResult:
         result = self.reserve_now(key, items, ttl_s)
