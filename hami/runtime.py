@@ -159,8 +159,13 @@ class Runtime:
             return
         self._overlay_synced_at = now
         overlay = self.ledger.overlay()
-        if self.pending:  # picks awaiting the ledger are not in its overlay yet, but must stay counted
-            overlay = merge_overlays(overlay, *self.pending.values())
+        if self.pending:
+            # Picks awaiting the ledger must stay counted, but only those its overlay lacks: a Redis
+            # refresh (another admission's refusal triggers one) can read a reservation the script
+            # has written before its reserve() returns, and counting it twice would deny pods that fit.
+            waiting = [usage for key, usage in self.pending.items() if not self.ledger.holds(key)]
+            if waiting:
+                overlay = merge_overlays(overlay, *waiting)
         index.sync_overlay(overlay)
 
     def namespace_usage(self, namespace: str) -> NamespaceUsage:

@@ -71,8 +71,13 @@ async def test_refusal_names_the_device_and_other_replicas_see_the_overlay(redis
         assert not refused.ok and refused.refused_uuid == "GPU-1" and refused.backend == "redis"
         assert "GPU-2" not in a.overlay() or a.overlay()["GPU-2"].memory_mib == 0  # all or nothing
         assert b.overlay()["GPU-1"].memory_mib == 3000  # the refusal itself refreshed b's view for the retry
+        # b's view holds a's key (read from Redis) but not its own refused one: the runtime counts an
+        # in-flight pick only while the overlay lacks it.
+        assert a.holds("ns/p1") and b.holds("ns/p1") and not b.holds("ns/p2")
         await a.release("ns/p1")
+        assert not a.holds("ns/p1")
         assert (await b.reserve("ns/p2", [item("GPU-1", 2000, 4000)], 30)).ok
+        assert b.holds("ns/p2")
     finally:
         await a.close()
         await b.close()

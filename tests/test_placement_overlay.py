@@ -287,6 +287,22 @@ async def test_runtime_sync_follows_reservations_expiry_and_is_rate_limited() ->
     assert index.applied == {}
 
 
+async def test_a_pick_the_ledger_already_holds_is_not_counted_twice_while_its_reserve_returns() -> None:
+    """A Redis refresh can read a reservation before the reserve() that wrote it returns: the
+    runtime's pending pick and the ledger's overlay then name the same key, and counting both would
+    fill the device on paper and deny pods that fit. A pick the ledger lacks still counts."""
+    runtime = Runtime(Config())
+    runtime.ledger = ledger = InProcessLedger(LedgerSettings(ttl_s=30.0))
+    runtime.apply_snapshot(Snapshot(tuple(fleet(5)), version=1))
+    index = runtime.placement_index
+    held = ReservationItem("n00001", "n1-gpu1", 4 * GIB, 0, capacity_mib=16 * GIB)
+    assert ledger.reserve_now("ns/held", [held]).ok
+    runtime.pending["ns/held"] = {"n1-gpu1": DeviceUsage(4 * GIB, 0, 1)}
+    runtime.pending["ns/waiting"] = {"n2-gpu1": DeviceUsage(2 * GIB, 0, 1)}
+    runtime.sync_overlay(force=True)
+    assert index.applied == {"n1-gpu1": DeviceUsage(4 * GIB, 0, 1), "n2-gpu1": DeviceUsage(2 * GIB, 0, 1)}
+
+
 # ---- denials -------------------------------------------------------------------------------------
 
 

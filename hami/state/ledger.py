@@ -73,6 +73,10 @@ class Ledger(Protocol):
 
     def overlay(self) -> Mapping[str, DeviceUsage]: ...
 
+    def holds(self, key: str) -> bool:
+        """Whether `overlay()` counts this key's reservation already."""
+        ...
+
     def namespace_usage(self, namespace: str) -> NamespaceUsage: ...
 
     async def start(self) -> None: ...
@@ -321,6 +325,9 @@ class InProcessLedger:
     def overlay(self) -> Mapping[str, DeviceUsage]:
         return self._agg.view(self._clock())
 
+    def holds(self, key: str) -> bool:
+        return key in self._agg.reservations
+
     def namespace_usage(self, namespace: str) -> NamespaceUsage:
         return self._agg.namespace_usage(namespace, self._clock())
 
@@ -544,6 +551,10 @@ class RedisLedger:
         remote = self._remote.view(self._clock())
         local = self._fallback.overlay()
         return merge_overlays(remote, local) if local else remote  # merging only while the fallback holds some
+
+    def holds(self, key: str) -> bool:
+        # A refresh can bring a key from Redis before the reserve that wrote it has returned.
+        return key in self._remote.reservations or self._fallback.holds(key)
 
     def namespace_usage(self, namespace: str) -> NamespaceUsage:
         now = self._clock()
