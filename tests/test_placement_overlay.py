@@ -12,6 +12,7 @@ from hami.config import Config
 from hami.placement.engine import PlacementSettings, build_index, place
 from hami.placement.evaluate import device_context, evaluate_node
 from hami.placement.index import PlacementIndex, plus
+from hami.placement.search import ask_of, quick_verdict
 from hami.requests import ContainerGpuRequest, GpuRequest
 from hami.runtime import Runtime
 from hami.state.ledger import InProcessLedger
@@ -224,6 +225,49 @@ def test_incremental_index_equals_a_fresh_one_and_an_exhaustive_evaluation(seed:
             assert baked.node == exhaustive_winner(request, index, overlay, policy), request
             other = place(request, fresh, overlay, s)
             assert (baked.node, baked.devices, baked.score) == (other.node, other.devices, other.score)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_winner_s_verdict_from_its_record_equals_a_full_evaluation(seed: int) -> None:
+    """The search judges the winner of a lone-container request from its record (quick_verdict):
+    devices taken, their order, the node score and the fit must be evaluate_node's, on nodes with
+    reservations applied, mixed health and models, for binpack and spread, slices and whole cards."""
+    rng = random.Random(seed)
+    nodes = [random_node(rng, i) for i in range(40)]
+    index = build_index(Snapshot(nodes=tuple(nodes)), PlacementSettings(max_pods_per_gpu=4))
+    uuids = [g.uuid for n in nodes for g in n.gpus]
+    index.apply_delta({u: random_usage(rng) for u in rng.sample(uuids, len(uuids) // 3)})
+    s = index.settings
+    compared = fitted = 0
+    for _ in range(60):
+        policy = rng.choice(("binpack", "spread"))
+        kind = rng.random()
+        if kind < 0.2:
+            c = ContainerGpuRequest("c", "containers", 0, rng.choice((1, 2)), memory_percent=100)
+        elif kind < 0.4:
+            c = ContainerGpuRequest("c", "containers", 0, rng.choice((1, 2)), memory_percent=rng.choice((25, 50)))
+        else:
+            c = ContainerGpuRequest(
+                "c", "containers", 0, rng.choice((1, 1, 2)), rng.randrange(1, 20) * GIB, cores=10 * rng.randrange(0, 5)
+            )
+        types = (rng.choice(("a10", "t4")),) if rng.random() < 0.2 else ()
+        request = GpuRequest(containers=(c,), node_policy=policy, use_types=types)
+        dctx = device_context(request, s, True)
+        a = ask_of(request, s, None)
+        assert a.exact and a.single is not None
+        for node in nodes:
+            rec = index.recs[node.name]
+            full = evaluate_node(node, index.applied, request, policy, s, index.sctx, dctx)
+            fast = quick_verdict(rec, a, s, 0, policy == "binpack")
+            compared += 1
+            if not full.fits:
+                assert fast is None, (node.name, request, full)
+                continue
+            fitted += 1
+            assert fast is not None, (node.name, request, full)
+            assert fast.assignment == full.assignment and fast.tier == full.tier
+            assert fast.score == pytest.approx(full.score, abs=1e-12)
+    assert fitted > 100 and compared - fitted > 100  # both outcomes were exercised
 
 
 def test_update_node_keeps_the_applied_usage() -> None:

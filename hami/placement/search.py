@@ -212,6 +212,47 @@ def quick(rec: NodeRec, a: Ask, settings: PlacementSettings) -> Rejection | floa
     return _score(rec, a, max(1, limit))
 
 
+def quick_verdict(rec: NodeRec, a: Ask, settings: PlacementSettings, tier: int, binpack: bool) -> NodeEval | None:
+    """The full verdict for a lone container the quick check judges exactly (`a.exact`), from the
+    record: evaluate_node's device filters, HAMi's device order (`device_order`: best device score
+    after adding the container, ties by device index), the devices it takes and the node score after
+    them. The winner of nearly every GPU admission is judged here, without building Device views.
+    None when the container does not fit (the caller then asks evaluate_node for the reason)."""
+    assert a.single is not None
+    count, _, _, cores, whole = a.single
+    limit = settings.max_pods_per_gpu
+    split = max(1, limit)
+    order = []
+    for pos, d in enumerate(rec.devs):
+        if not d.ok or (a.typed and not a.type_ok(d.model)) or d.pods >= limit:
+            continue
+        empty = d.pods == 0 and d.cores_free == 100 and d.free >= d.total
+        mem = a.one_mem(d.total)
+        if whole:
+            # device_pods wants an empty card; device_fits wants it too
+            if not empty or d.cores_free < a.min_cores or d.free < a.min_mem(d.total):
+                continue
+        elif d.cores_free < a.min_cores or d.free < a.min_mem(d.total) or d.free < mem or d.cores_free < cores:
+            continue
+        total = d.total or 1
+        # hami_device_score(d, split, 1, cores, mem), in the same float operations
+        score = WEIGHT * ((d.pods + 1) / split + (100 - d.cores_free + cores) / 100 + (d.total - d.free + mem) / total)
+        order.append((-score if binpack else score, pos, mem))
+    if len(order) < count:
+        return None
+    order.sort()  # by score, then device index: what the stable sort of device_order gives
+    taken = order[:count]
+    n = len(rec.devs)
+    used_mem = rec.used_mem + sum(mem for _, _, mem in taken)
+    node_score = WEIGHT * (
+        (rec.pods + count) / (split * n)
+        + (rec.cores + count * (100 if whole else cores)) / (100 * n)
+        + used_mem / (rec.total_mem or 1)
+    )
+    assignment = tuple((0, pos, mem, cores) for _, pos, mem in taken)
+    return NodeEval(True, node_score if binpack else -node_score, 0.0, tier, assignment=assignment)
+
+
 def _score(rec: NodeRec, a: Ask, split: int) -> float:
     """HAMi's node score after the request, from the record's sums (what the lists are sorted by)."""
     n = len(rec.devs) or 1
@@ -371,11 +412,15 @@ def best_first(
             else:
                 _reject(rec, q, a, found, index)
             continue
-        if exact and single is not None and ranked:
-            # Runners-up only explain the decision: the quick check is the whole verdict here.
-            ranked.append((NodeEval(True, score=-neg, tier=tier), name))
-            continue
-        verdict = evaluate(index.nodes[name])
+        verdict: NodeEval | None = None
+        if exact and single is not None:
+            if ranked:
+                # Runners-up only explain the decision: the quick check is the whole verdict here.
+                ranked.append((NodeEval(True, score=-neg, tier=tier), name))
+                continue
+            verdict = quick_verdict(rec, a, settings, tier, binpack)
+        if verdict is None:
+            verdict = evaluate(index.nodes[name])
         if not verdict.fits:
             found.reject(rank, name, verdict.stage, verdict.reason_class, verdict.closeness, verdict)
             continue
