@@ -270,6 +270,31 @@ def test_the_winner_s_verdict_from_its_record_equals_a_full_evaluation(seed: int
     assert fitted > 100 and compared - fitted > 100  # both outcomes were exercised
 
 
+def test_the_quick_memo_follows_a_node_filled_and_freed_between_decisions() -> None:
+    """The search remembers each node's quick verdict per request shape while its record is the same
+    object: a node filled by reservations must stop winning, and one freed again must win again."""
+    nodes = [
+        Node("a", (gpu("a", 0, memory_promised_mib=8 * GIB, pods=1),)),
+        Node("b", (gpu("b", 0),)),
+    ]
+    index = build_index(Snapshot(nodes=tuple(nodes)), PlacementSettings())
+    request = ask(4 * GIB)
+
+    def winner() -> str | None:
+        return place(request, index, index.applied, index.settings).node
+
+    # a's card shared by as many pods as it may be, its memory untouched: a stays in the same
+    # candidate list, so only the memo's check of the record can tell it changed.
+    full = {"a-gpu0": DeviceUsage(0, 0, index.settings.max_pods_per_gpu - 1)}
+    index.apply_delta(full)
+    assert winner() == "b"  # the memo now holds a's rejection
+    for _ in range(2):
+        index.apply_delta({"a-gpu0": None})
+        assert winner() == "a"  # binpack: the fuller node, free again
+        index.apply_delta(full)
+        assert winner() == "b"
+
+
 def test_update_node_keeps_the_applied_usage() -> None:
     s = PlacementSettings()
     nodes = fleet(4)

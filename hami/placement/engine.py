@@ -121,10 +121,10 @@ def place(
     utilisation_known = index.snapshot.utilisation_known
     memo = ask = None
     if search and settings is index.settings:
-        # Quick-check rejections hold for the shape whatever the policy, under the index's settings;
+        # Quick-check verdicts hold for the shape whatever the policy, under the index's settings;
         # so do the search's figures of the ask (UUID exclusions and utilisation's state change them).
         shape = request_key(request, "")
-        memo = index.rejection_memo(shape)
+        memo = index.quick_memo(shape)
         figures = (shape, request.nouse_uuids, utilisation_known)
         dctx, ask = index.per_shape(figures, lambda: _search_figures(request, settings, utilisation_known))
     else:

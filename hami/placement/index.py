@@ -46,7 +46,7 @@ BUCKETS = 16
 TIER_UNKNOWN = -1  # never placeable; counted under "freshness"
 _LOG_LIMIT = 200_000
 _MEMO_SHAPES = 64  # request shapes whose quick-check rejections are remembered
-_MEMO_NODES = 4096  # rejections remembered per shape before the memo starts over
+_MEMO_NODES = 4096  # quick-check verdicts remembered per shape before the memo starts over
 T = TypeVar("T")
 
 
@@ -288,7 +288,7 @@ class PlacementIndex:
         self.log: list[int] = []
         self.log_base = 0  # absolute position of log[0]
         self.views: OrderedDict[Hashable, RequestView] = OrderedDict()
-        self.memos: OrderedDict[Hashable, dict[str, tuple[NodeRec, tuple[int, str, int]]]] = OrderedDict()
+        self.memos: OrderedDict[Hashable, dict[str, tuple[NodeRec, tuple[int, str, int] | float]]] = OrderedDict()
         self._per_shape: OrderedDict[Hashable, Any] = OrderedDict()
         self.recs: dict[str, NodeRec] = {}
         self._base: dict[str, tuple[DevRec, ...]] = {}  # per node: its devices without applied usage
@@ -327,10 +327,11 @@ class PlacementIndex:
             self.views.move_to_end(key)
         return view
 
-    def rejection_memo(self, key: Hashable) -> dict[str, tuple[NodeRec, tuple[int, str, int]]]:
-        """Per request shape: the quick check's rejection of a node, valid while its record is the
-        same object (records are replaced, never changed). Nodes full for a shape (cores, pods) stay
-        at the top of binpack's lists; the memo makes walking past them a lookup. LRU-bounded."""
+    def quick_memo(self, key: Hashable) -> dict[str, tuple[NodeRec, tuple[int, str, int] | float]]:
+        """Per request shape: the quick check's verdict of a node (a rejection, or its score), valid
+        while its record is the same object (records are replaced, never changed). Nodes full for a
+        shape (cores, pods) stay at the top of binpack's lists, and the runners-up of one decision are
+        mostly the next one's: the memo makes both a lookup. LRU-bounded."""
         memo = self.memos.get(key)
         if memo is None:
             memo = self.memos[key] = {}

@@ -307,14 +307,15 @@ def best_first(
     policy: str,
     want: int,
     evaluate: Callable[[Node], NodeEval],
-    memo: dict[str, tuple[NodeRec, Rejection]] | None = None,
+    memo: dict[str, tuple[NodeRec, Rejection | float]] | None = None,
     dctx: DeviceContext | None = None,
     ask: Ask | None = None,
 ) -> Found:
     """The best `want` feasible nodes for binpack/spread in ranking order (see the module doc).
 
-    `memo` (the index's `rejection_memo` for this request shape and settings) remembers quick-check
-    rejections per node record, so nodes that stay full for this shape cost a lookup. `dctx` and
+    `memo` (the index's `quick_memo` for this request shape and settings) remembers the quick check's
+    verdict per node record: nodes that stay full for this shape, and the runners-up that stay the
+    same between two decisions (only the winner's record changes), cost a lookup. `dctx` and
     `ask` are the request's device context and `ask_of` figures when the caller keeps them per shape.
 
     `evaluate` must judge nodes with the index's applied usage (`index.applied`) as the overlay, or
@@ -324,7 +325,8 @@ def best_first(
     bound* (kind 3): its usage key from the list plus a lower bound of what the request adds for its
     hardware group, so lists whose heads never reach the top never pay for an exact score. Popped,
     it is rejected there when the memo or one comparison can tell (a rejected node never ranks, so
-    judging it early changes nothing), else re-keyed exactly (kind 0); popped again, it is judged.
+    judging it early changes nothing), else re-keyed exactly (kind 0; by its remembered score when
+    the memo has one); popped again, it is judged.
     kind 2: a verdict re-keyed."""
     dctx = dctx or device_context(request, settings, index.snapshot.utilisation_known)
     a = ask or ask_of(request, settings, dctx.util_bound)
@@ -385,6 +387,10 @@ def best_first(
             hit = memo.get(name) if memo is not None else None
             if hit is not None and hit[0] is rec:
                 q = hit[1]
+                if isinstance(q, float):  # a remembered fit: key it exactly (its score), as below
+                    seq += 1
+                    push(heap, (tier, -sign * q, rank, seq, 0, ref, pos))
+                    continue
             elif not typed and rec.max_free < a.min_mem(rec.group[1]):
                 # The bucket the ask falls in holds nodes without the room: one comparison tells them
                 # (not when types are asked: a type mismatch must be named as such, it ranks last).
@@ -402,7 +408,13 @@ def best_first(
         checked += 1
         found.considered += 1
         if q is None:
-            q = quick(rec, a, settings)
+            hit = memo.get(name) if memo is not None else None
+            if hit is not None and hit[0] is rec:
+                q = hit[1]
+            else:
+                q = quick(rec, a, settings)
+                if memo is not None:
+                    memo[name] = (rec, q)
         if not isinstance(q, float):
             if memo is not None:
                 memo[name] = (rec, q)
