@@ -17,11 +17,12 @@ from hami.placement.engine import place
 from hami.queue import reservation_items, usage_of
 from hami.requests import GpuRequest, RequestError, gpu_request
 from hami.runtime import Runtime
-from hami.state.model import ReservationItem
+from hami.state.model import NamespaceUsage, ReservationItem
 from hami.validation import Mode, ValidationContext, Violation, render_denial, trivially_clean, validate
 from hami.workloads import PodTemplate, WorkloadError, object_name, pod_templates
 
 log = get_logger("hami.decision")
+NO_USAGE = NamespaceUsage()
 RESERVE_ATTEMPTS = 5  # a refused reservation (another replica took the room) re-plans this often
 
 
@@ -108,13 +109,15 @@ class Decider:
         """The templates' violations; `decide` has answered trivially clean objects already."""
         settings = self.runtime.config.validation
         namespace = templates[0].namespace or request.namespace
+        # The namespace's live usage only matters against a quota; most namespaces have none.
+        bounded = settings.quota(namespace).bounded
         context = ValidationContext(
             operation=request.operation,
             namespace=namespace,
             user=request.user.username,
             groups=request.user.groups,
             largest_card_mib=self.runtime.snapshot.largest_card_mib,
-            usage=self.runtime.namespace_usage(namespace),
+            usage=self.runtime.namespace_usage(namespace) if bounded else NO_USAGE,
             old_object=request.old_object,
         )
         violations = validate(request.object or {}, templates, context, settings)

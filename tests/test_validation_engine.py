@@ -451,39 +451,46 @@ def test_granularity_suggestion_fits_the_largest_card(mib: int, card: int, sugge
     assert f"use {suggest} MiB" in violation.message
 
 
-def test_trivially_clean_never_hides_a_violation() -> None:
-    """The fast path may only skip what the full rules would find nothing in: over the whole corpus,
-    every template it calls clean yields no finding when the rules run anyway."""
+def test_the_clean_fast_paths_never_hide_a_violation() -> None:
+    """The fast paths may only skip what the full rules would find nothing in: over the whole corpus,
+    every template called clean yields no finding when the rules run anyway, and every template
+    called host-clean (a GPU pod may be) yields no host-escape finding."""
     from pathlib import Path
 
     import yaml
 
-    from hami.validation.engine import template_findings, trivially_clean
+    import hami.validation.engine as engine
+    from hami.validation.host import host_findings
     from hami.validation.model import ValidationContext
     from hami.validation.settings import ValidationSettings
     from hami.workloads import pod_templates
 
     corpus = Path(__file__).parent / "corpus"
-    clean = dirty = 0
+    clean = dirty = host_clean = host_dirty = 0
     context = ValidationContext(operation="CREATE", namespace="team-a")
     for path in sorted(corpus.glob("*.yaml")):
         if path.name == "expected.yaml":
             continue
         for template in pod_templates(yaml.safe_load(path.read_text()), "team-a"):
-            if not trivially_clean(template):
+            host, native = engine.clean_parts(template)
+            assert engine.trivially_clean(template) == (host and native)
+            if host:
+                host_clean += 1
+                assert list(host_findings(template)) == [], path.name
+            else:
+                host_dirty += 1
+            if not (host and native):
                 dirty += 1
                 continue
             clean += 1
-            import hami.validation.engine as engine
-
-            original = engine.trivially_clean
-            engine.trivially_clean = lambda _t: False  # run every rule on it
+            original = engine.clean_parts
+            engine.clean_parts = lambda _t: (False, False)  # run every rule on it
             try:
-                findings = list(template_findings(template, context, ValidationSettings(), True))
+                findings = list(engine.template_findings(template, context, ValidationSettings(), True))
             finally:
-                engine.trivially_clean = original
+                engine.clean_parts = original
             assert findings == [], (path.name, findings)
-    assert clean >= 3 and dirty >= 50  # both paths are exercised
+    assert clean >= 3 and dirty >= 50 and host_clean > clean and host_dirty >= 20  # every path is exercised
 
 
 @pytest.mark.parametrize(
@@ -502,7 +509,7 @@ def test_trivially_clean_never_hides_a_violation() -> None:
     ],
 )
 def test_anything_a_rule_reads_leaves_the_fast_path(risk: dict) -> None:
-    from hami.validation.engine import trivially_clean
+    from hami.validation.engine import clean_parts, trivially_clean
     from hami.workloads import pod_templates
 
     base = {
@@ -514,5 +521,47 @@ def test_anything_a_rule_reads_leaves_the_fast_path(risk: dict) -> None:
     spec = {"containers": [base], **risk}
     (template,) = pod_templates({"kind": "Pod", "metadata": {"name": "p"}, "spec": spec}, "ns")
     assert not trivially_clean(template)
+    host, native = clean_parts(template)
+    assert host != ("resources" not in str(risk))  # a host risk leaves the host path, a resource the other
+    assert native == ("resources" not in str(risk))
     (plain,) = pod_templates({"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [base]}}, "ns")
     assert trivially_clean(plain)
+
+
+async def test_admitted_pods_count_against_their_namespace_quota_until_it_is_full() -> None:
+    """Through the Decider: the ledger's pending reservations are the namespace's live usage, so a
+    namespace capped at 2 GPUs gets two 1-GPU pods placed and the third denied by tenant-quota; a
+    namespace without a cap is never counted."""
+    import asyncio
+    import json
+
+    from hami import config as config_mod
+    from hami.admission import decode_review
+    from hami.decide import Decider
+    from hami.runtime import Runtime
+    from tests.webhook_fixture import gpu_container, pod, review_of
+
+    overrides = {"validation": {"quotas": {"capped": {"gpus": 2}}}}
+    runtime = Runtime(config_mod.load(None, environ={}, overrides=overrides))
+    await runtime.start()
+    try:
+        for _ in range(200):  # the first snapshot, then the index built from it
+            if runtime.readiness()[0]:
+                break
+            await asyncio.sleep(0.05)
+        decider = Decider(runtime)
+
+        async def admit(namespace: str, name: str) -> Any:
+            card = gpu_container(**{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024})
+            obj = pod(name, containers=[card])
+            obj["metadata"]["namespace"] = namespace
+            review = review_of(obj, namespace=namespace)
+            return await decider.decide(decode_review(json.dumps(review).encode()), "mutate")
+
+        assert [(await admit("capped", f"p{i}")).result for i in range(2)] == ["patched", "patched"]
+        third = await admit("capped", "p2")
+        assert third.result == "denied" and "tenant-quota" in third.fields["violations"][0]["rule"]
+        assert "2" in third.verdict.message  # the limit is named
+        assert [(await admit("open", f"q{i}")).result for i in range(3)] == ["patched"] * 3
+    finally:
+        await runtime.stop()

@@ -39,46 +39,62 @@ def opted_out(template: PodTemplate, settings: ValidationSettings) -> bool:
 _NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 
 
-def trivially_clean(template: PodTemplate) -> bool:
-    """True when no rule can fire: nothing host-level, no security context that widens anything,
-    no hostPath, only native resources. Most pods of a cluster are like this, and saying so costs a
-    fraction of running every rule. Anything unusual answers False and gets the full rules."""
+def clean_parts(template: PodTemplate) -> tuple[bool, bool]:
+    """(host-clean, native resources only). Host-clean: nothing host-level, no security context that
+    widens anything, no hostPath, so no host-escape rule can fire. Native resources only: no container
+    names a resource beyond CPU, memory and ephemeral storage, so no GPU rule can fire either. Anything
+    unusual answers False and gets the rules."""
     spec = template.spec
-    if spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC"):  # unrolled: runs per admission
-        return False
+    host = not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC"))  # unrolled: per admission
+    native = True
     context = spec.get("securityContext")
     if context and not (type(context) is dict and "windowsOptions" not in context):
-        return False
+        host = False
     volumes = spec.get("volumes")
     if volumes and any(type(v) is not dict or "hostPath" in v for v in volumes):
-        return False
+        host = False
     for _, _, container in template.container_list:
-        context = container.get("securityContext")
-        if context and not (
-            type(context) is dict
-            and not context.get("privileged")
-            and "windowsOptions" not in context
-            and not (context.get("capabilities") or {}).get("add")
-        ):
-            return False
-        resources = container.get("resources")
-        if resources:
-            if type(resources) is not dict:
-                return False
-            for section in resources.values():
-                if section and not (type(section) is dict and _NATIVE_RESOURCES.issuperset(section)):
-                    return False
-    return True
+        if host:
+            context = container.get("securityContext")
+            if context and not (
+                type(context) is dict
+                and not context.get("privileged")
+                and "windowsOptions" not in context
+                and not (context.get("capabilities") or {}).get("add")
+            ):
+                host = False
+        if native:
+            resources = container.get("resources")
+            if resources:
+                if type(resources) is not dict:
+                    native = False
+                else:
+                    for section in resources.values():
+                        if section and not (type(section) is dict and _NATIVE_RESOURCES.issuperset(section)):
+                            native = False
+                            break
+        if not (host or native):
+            break
+    return host, native
+
+
+def trivially_clean(template: PodTemplate) -> bool:
+    """True when no rule can fire (see `clean_parts`): most pods of a cluster, answered for a
+    fraction of running every rule."""
+    host, native = clean_parts(template)
+    return host and native
 
 
 def template_findings(
     template: PodTemplate, ctx: ValidationContext, settings: ValidationSettings, count_quota: bool
 ) -> Iterator[Finding]:
     """Every finding of every rule for one pod template, whatever the modes (the caller filters)."""
-    if trivially_clean(template):
+    host_clean, native = clean_parts(template)
+    if host_clean and native:
         return
     namespace = template.namespace or ctx.namespace
-    yield from host_findings(template, settings.extra_runtime_sockets)
+    if not host_clean:  # a GPU pod with nothing host-level skips the host-escape rules
+        yield from host_findings(template, settings.extra_runtime_sockets)
     gpus, malformed = read_template(template, settings.resources)
     yield from malformed
     yield from overcommit_findings(template)
@@ -87,8 +103,8 @@ def template_findings(
     for gpu in gpus:
         yield from slicing_findings(gpu, card, settings.memory_granularity_mib)
     asking = [g for g in gpus if g.devices > 0]
-    if asking:
-        quota = settings.quota(namespace)
+    quota = settings.quota(namespace)
+    if asking and quota.bounded:  # no cap, no finding: the pod's usage is not even counted
         used = ctx.usage if count_quota else None
         yield from quota_findings(usage_of(gpus, card), used, quota, namespace, f"{asking[0].path}.resources")
 

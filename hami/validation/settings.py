@@ -69,6 +69,11 @@ class Quota:
     cores: int | None = None
     gpus: int | None = None
 
+    @property
+    def bounded(self) -> bool:
+        """Whether any dimension is capped: only then is the namespace's usage worth counting."""
+        return self.memory_mib is not None or self.cores is not None or self.gpus is not None
+
 
 def _rule_mode(value: Any, rule: str) -> Mode:
     """A rule's setting is a mode string or {enabled: bool, mode: str}."""
