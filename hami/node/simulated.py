@@ -25,6 +25,7 @@ from hami.node.simspec import GpuSpec, NodeSpec, load_specs
 
 Clock = Callable[[], float]  # simulated seconds since the simulation started
 _HANG_POLL_S = 0.05  # how often a hung read looks whether its fault was cleared
+_NOTHING: frozenset[str] = frozenset()
 
 
 class SimClock:
@@ -114,9 +115,12 @@ class SimulatedNode:
         """The node's state at simulated time `t` under `active` faults (those of `t` when None). Pure."""
         if active is None:
             active = self.faults.active(t)
-        unsupported = frozenset(call for f in active for call in f.unsupported)
+        unsupported = frozenset(call for f in active for call in f.unsupported) if active else _NOTHING
         errors = [f"gpu{i}.{call}: Not Supported" for i in range(len(self.spec.gpus)) for call in sorted(unsupported)]
-        gpus = tuple(self._gpu(i, g, t, active, unsupported) for i, g in enumerate(self.spec.gpus))
+        # A card spec's curves at `t`, evaluated once per node: `count: 8` repeats one spec object,
+        # and a fleet sweep samples every card of every node.
+        curves: dict[int, tuple[float, float, float, float, float | None]] = {}
+        gpus = tuple(self._gpu(i, g, t, active, unsupported, curves) for i, g in enumerate(self.spec.gpus))
         return NodeStatus(
             node=self.node_name,
             observed_at=time.time(),
@@ -131,21 +135,38 @@ class SimulatedNode:
             self._uuids = tuple(gpu_uuid(self.node_name, k) for k in range(len(self.spec.gpus)))
         return self._uuids[index]
 
-    def _gpu(self, i: int, g: GpuSpec, t: float, active: tuple[Faults, ...], unsupported: frozenset[str]) -> GpuStatus:
+    def _gpu(
+        self,
+        i: int,
+        g: GpuSpec,
+        t: float,
+        active: tuple[Faults, ...],
+        unsupported: frozenset[str],
+        curves: dict[int, tuple[float, float, float, float, float | None]],
+    ) -> GpuStatus:
         jitter = self.spec.jitter
         n_util, n_mem, n_temp, n_power = _draws(self.seed, self.node_name, i, int(t // jitter.period_s))
-        hitting = [f for f in active if f.hits(i)]
+        hitting = [f for f in active if f.hits(i)] if active else ()
+        at_t = curves.get(id(g))
+        if at_t is None:
+            at_t = curves[id(g)] = (
+                g.memory_used_mib.at(t) if g.memory_used_mib else sum(p.used_memory_mib for p in g.processes),
+                g.utilisation_gpu.at(t),
+                g.utilisation_memory.at(t),
+                g.temperature_c.at(t),
+                g.power_w.at(t) if g.power_w is not None else None,
+            )
+        used_raw, util_gpu_at, util_mem_at, temperature_at, power_at = at_t
         total = g.memory_total_mib
-        used_raw = g.memory_used_mib.at(t) if g.memory_used_mib else sum(p.used_memory_mib for p in g.processes)
         used = int(_clamp(used_raw, 0, total))
 
-        util_gpu = _clamp(g.utilisation_gpu.at(t) + n_util * jitter.utilisation, 0, 100)
-        util_mem = _clamp(g.utilisation_memory.at(t) + n_mem * jitter.utilisation, 0, 100)
-        spike = sum(f.temp_spike_c for f in hitting)
-        temperature = g.temperature_c.at(t) + spike + n_temp * jitter.temperature_c
+        util_gpu = _clamp(util_gpu_at + n_util * jitter.utilisation, 0, 100)
+        util_mem = _clamp(util_mem_at + n_mem * jitter.utilisation, 0, 100)
+        spike = sum(f.temp_spike_c for f in hitting) if hitting else 0
+        temperature = temperature_at + spike + n_temp * jitter.temperature_c
         power: float | None = None
-        if g.power_w is not None:
-            power = g.power_w.at(t)
+        if power_at is not None:
+            power = power_at
         elif g.power_limit_w is not None:
             # No power curve: a card idles near a fifth of its limit and approaches it at full load.
             power = g.power_limit_w * (0.2 + 0.7 * util_gpu / 100)

@@ -318,43 +318,23 @@ class PlacementIndex:
 
     def view(self, key: Hashable) -> RequestView:
         """The per-request-shape view (LRU-bounded); the caller syncs it."""
-        view = self.views.get(key)
-        if view is None:
-            view = self.views[key] = RequestView()
-            if len(self.views) > _VIEW_LIMIT:
-                self.views.popitem(last=False)
-        else:
-            self.views.move_to_end(key)
-        return view
+        return _lru(self.views, key, RequestView, _VIEW_LIMIT)
 
     def quick_memo(self, key: Hashable) -> dict[str, tuple[NodeRec, tuple[int, str, int] | float]]:
         """Per request shape: the quick check's verdict of a node (a rejection, or its score), valid
         while its record is the same object (records are replaced, never changed). Nodes full for a
         shape (cores, pods) stay at the top of binpack's lists, and the runners-up of one decision are
         mostly the next one's: the memo makes both a lookup. LRU-bounded."""
-        memo = self.memos.get(key)
-        if memo is None:
-            memo = self.memos[key] = {}
-            if len(self.memos) > _MEMO_SHAPES:
-                self.memos.popitem(last=False)
-        else:
-            self.memos.move_to_end(key)
-            if len(memo) > _MEMO_NODES:  # entries of records long replaced: start over
-                memo.clear()
+        memo = _lru(self.memos, key, dict, _MEMO_SHAPES)
+        if len(memo) > _MEMO_NODES:  # entries of records long replaced: start over
+            memo.clear()
         return memo
 
     def per_shape(self, key: Hashable, build: Callable[[], T]) -> T:
         """What `build` derives from one request shape under the index's settings (the search's
-        figures of the ask), built once and kept LRU-bounded like the rejection memos: the pods of
-        one workload repeat their shape, and each would otherwise derive it again."""
-        found = self._per_shape.get(key)
-        if found is None:
-            found = self._per_shape[key] = build()
-            if len(self._per_shape) > _MEMO_SHAPES:
-                self._per_shape.popitem(last=False)
-        else:
-            self._per_shape.move_to_end(key)
-        return cast(T, found)
+        figures of the ask), built once and kept LRU-bounded like the quick memos: the pods of one
+        workload repeat their shape, and each would otherwise derive it again."""
+        return cast(T, _lru(self._per_shape, key, build, _MEMO_SHAPES))
 
     def _changed(self, cid: int) -> None:
         self.log.append(cid)
@@ -499,6 +479,18 @@ class PlacementIndex:
     def class_nodes(self, cid: int) -> Iterator[str]:
         for rank in self.classes[cid].ranks:
             yield self.names[rank]
+
+
+def _lru(cache: OrderedDict[Hashable, Any], key: Hashable, build: Callable[[], Any], limit: int) -> Any:
+    """The entry of `key`, built on a miss; the least recently used entry goes beyond `limit`."""
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = build()
+        if len(cache) > limit:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return found
 
 
 def _list_key(rec: NodeRec) -> ListKey:
