@@ -242,8 +242,10 @@ def test_the_winner_s_verdict_from_its_record_equals_a_full_evaluation(seed: int
     for _ in range(60):
         policy = rng.choice(("binpack", "spread"))
         kind = rng.random()
-        if kind < 0.2:
+        if kind < 0.15:
             c = ContainerGpuRequest("c", "containers", 0, rng.choice((1, 2)), memory_percent=100)
+        elif kind < 0.25:  # all the cores: a whole card too, with a memory figure
+            c = ContainerGpuRequest("c", "containers", 0, rng.choice((1, 2)), rng.randrange(1, 16) * GIB, cores=100)
         elif kind < 0.4:
             c = ContainerGpuRequest("c", "containers", 0, rng.choice((1, 2)), memory_percent=rng.choice((25, 50)))
         else:

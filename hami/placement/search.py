@@ -238,7 +238,7 @@ def quick_verdict(rec: NodeRec, a: Ask, settings: PlacementSettings, tier: int, 
         # hami_device_score(d, split, 1, cores, mem), in the same float operations
         score = WEIGHT * ((d.pods + 1) / split + (100 - d.cores_free + cores) / 100 + (d.total - d.free + mem) / total)
         order.append((-score if binpack else score, pos, mem))
-    if len(order) < count:
+    if count <= 0 or len(order) < count:
         return None
     order.sort()  # by score, then device index: what the stable sort of device_order gives
     taken = order[:count]
