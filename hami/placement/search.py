@@ -10,9 +10,11 @@ The ledger's reservations are baked into the index (`PlacementIndex.applied`, se
 lists already hold every node at its true score: the search never reads the overlay, and a decision
 costs O(log n + nodes rejected) whatever the number of pending reservations.
 
-A node check is integer comparisons over the index's precomputed `NodeRec` (`quick`); the full
-`evaluate_node` runs only for the winner and for requests whose constraints the quick check does
-not cover (types, UUIDs, selectors, utilisation bound, separation), which keeps the reasons exact.
+A node check is integer comparisons over the index's precomputed `NodeRec` (`quick`), remembered
+per request shape while the record stays the same. The full `evaluate_node` runs only for requests
+whose constraints the quick check does not cover (UUIDs, selectors, utilisation bound, separation),
+which keeps the reasons exact, and for the winner of a request with several containers; the winner
+of a lone container is judged from its record as well (`quick_verdict`, equal to evaluate_node).
 """
 
 from __future__ import annotations
