@@ -45,7 +45,7 @@ _VIEW_LIMIT = 512
 BUCKETS = 16
 TIER_UNKNOWN = -1  # never placeable; counted under "freshness"
 _LOG_LIMIT = 200_000
-_MEMO_SHAPES = 64  # request shapes whose quick-check rejections are remembered
+_MEMO_SHAPES = 64  # request shapes whose quick-check verdicts and search figures are remembered
 _MEMO_NODES = 4096  # quick-check verdicts remembered per shape before the memo starts over
 T = TypeVar("T")
 

@@ -227,15 +227,15 @@ def quick_verdict(rec: NodeRec, a: Ask, settings: PlacementSettings, tier: int, 
     order = []
     for pos, d in enumerate(rec.devs):
         if not d.ok or (a.typed and not a.type_ok(d.model)) or d.pods >= limit:
-            continue
-        empty = d.pods == 0 and d.cores_free == 100 and d.free >= d.total
+            continue  # device_health, device_type, device_pods
+        if d.cores_free < a.min_cores or d.free < a.min_mem(d.total):
+            continue  # device_cores, device_memory
         mem = a.one_mem(d.total)
         if whole:
-            # device_pods wants an empty card; device_fits wants it too
-            if not empty or d.cores_free < a.min_cores or d.free < a.min_mem(d.total):
-                continue
-        elif d.cores_free < a.min_cores or d.free < a.min_mem(d.total) or d.free < mem or d.cores_free < cores:
-            continue
+            if not (d.pods == 0 and d.cores_free == 100 and d.free >= d.total):
+                continue  # device_pods and device_fits both want an empty card
+        elif d.free < mem or d.cores_free < cores:
+            continue  # device_fits
         total = d.total or 1
         # hami_device_score(d, split, 1, cores, mem), in the same float operations
         score = WEIGHT * ((d.pods + 1) / split + (100 - d.cores_free + cores) / 100 + (d.total - d.free + mem) / total)
