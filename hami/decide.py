@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from hami import mutation
 from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict, deny
-from hami.observability import PLACEMENTS, POLICY_RESULTS, get_logger
+from hami.observability import PLACEMENTS, POLICY_RESULTS, defer_line, get_logger
 from hami.placement.decision import Decision
 from hami.placement.engine import place
 from hami.queue import reservation_items, usage_of
@@ -267,20 +267,20 @@ class Decider:
             obj = request.object or request.old_object or {}
             namespace = namespace or (obj.get("metadata") or {}).get("namespace", "")
             name = name or object_name(obj)
-        self._log.info(
-            "admission",
-            uid=request.uid,
-            endpoint=endpoint,
-            kind=request.kind,
-            namespace=namespace,
-            name=name,
-            operation=request.operation,
-            dry_run=request.dry_run,
-            user=request.user.username,
-            result=outcome.result,
-            reason=verdict.message or None,
-            warnings=list(verdict.warnings) or None,
-            patch_paths=[op.get("path") for op in verdict.patch] if endpoint == "mutate" and verdict.patch else None,
-            duration_ms=round(elapsed * 1000, 3),
-            **outcome.fields,
-        )
+        fields = {
+            "uid": request.uid,
+            "endpoint": endpoint,
+            "kind": request.kind,
+            "namespace": namespace,
+            "name": name,
+            "operation": request.operation,
+            "dry_run": request.dry_run,
+            "user": request.user.username,
+            "result": outcome.result,
+            "reason": verdict.message or None,
+            "warnings": list(verdict.warnings) or None,
+            "patch_paths": [op.get("path") for op in verdict.patch] if endpoint == "mutate" and verdict.patch else None,
+            "duration_ms": round(elapsed * 1000, 3),
+        }
+        fields.update(outcome.fields)
+        defer_line(self._log, "admission", fields)  # rendered in batches: see LineBuffer.defer

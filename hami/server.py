@@ -62,12 +62,12 @@ def make_admission_handler(
     with_patch = endpoint == "mutate"
 
     async def handle(request: web.Request) -> web.Response:
-        limit = runtime.config.server.max_body_bytes  # read per request: a config reload may change it
-        if request.content_length is not None and request.content_length > limit:
-            return _bad_request(endpoint, ReviewError(f"body of {request.content_length} bytes exceeds {limit}"))
         try:
+            # server.max_body_bytes is the app's client_max_size (a restart setting, not reloaded):
+            # aiohttp stops reading and raises as soon as a body passes it.
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
+            limit = runtime.config.server.max_body_bytes
             return _bad_request(endpoint, ReviewError(f"body exceeds {limit} bytes"))
         started = time.perf_counter()
         try:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -179,3 +180,104 @@ def test_admission_metrics_count_per_label_set_and_bucket_inclusively() -> None:
     assert 'hami_webhook_request_duration_seconds_count{endpoint="mutate"} 4.0' in text
     assert 'hami_webhook_request_duration_seconds_sum{endpoint="mutate"} 5.0035' in text
     assert 'hami_webhook_request_duration_seconds_bucket{endpoint="validate",le="0.01"} 0.0' in text
+
+
+def _configured_json_log(raw: io.BytesIO, level: str = "info", render_every: int = 64) -> None:
+    observability.configure_logging(level, "json")
+    assert observability.LOG_SINK is not None
+    observability.LOG_SINK._raw = raw
+    observability.LOG_SINK._render_every = render_every
+
+
+def test_deferred_decision_lines_keep_their_moment_and_their_order(monkeypatch: Any) -> None:
+    raw = Sink()
+    _configured_json_log(raw, render_every=3)
+    clock = iter([1_700_000_000.25, 1_700_000_001.5, 1_700_000_002.75, 1_700_000_003.0, 1_700_000_004.0])
+    monkeypatch.setattr(observability.time, "time", lambda: next(clock))
+    try:
+        log = structlog.get_logger("t").bind()
+        observability.defer_line(log, "admission", {"uid": "a"})  # moment .25
+        observability.defer_line(log, "admission", {"uid": "b"})  # moment 1.5
+        assert observability.LOG_SINK._waiting and not observability.LOG_SINK._parts  # not rendered yet
+        log.info("other", uid="c")  # moment 2.75: the waiting lines are rendered before it
+        observability.defer_line(log, "admission", {"uid": "d"})  # moment 3.0
+        observability.flush_logs()
+        lines = [json.loads(line) for line in raw.getvalue().splitlines()]
+        assert [line["uid"] for line in lines] == ["a", "b", "c", "d"]
+        assert [line["timestamp"] for line in lines] == [
+            "2023-11-14T22:13:20.250000Z",
+            "2023-11-14T22:13:21.500000Z",
+            "2023-11-14T22:13:22.750000Z",
+            "2023-11-14T22:13:23.000000Z",
+        ]
+        assert {line["level"] for line in lines} == {"info"} and lines[0]["event"] == "admission"
+    finally:
+        observability.LOG_SINK = None
+        structlog.reset_defaults()
+
+
+def test_deferred_lines_render_in_batches_and_go_out_before_an_error() -> None:
+    raw = Sink()
+    _configured_json_log(raw, render_every=3)
+    sink = observability.LOG_SINK
+    assert sink is not None
+    try:
+        log = structlog.get_logger("t").bind()
+        for uid in ("a", "b"):
+            observability.defer_line(log, "admission", {"uid": uid})
+        assert len(sink._waiting) == 2 and not sink._parts
+        observability.defer_line(log, "admission", {"uid": "c"})  # the third renders the batch
+        assert not sink._waiting and len(sink._parts) == 3 and raw.getvalue() == b""  # rendered, still buffered
+        observability.defer_line(log, "admission", {"uid": "d"})
+        log.error("boom")  # an error goes out at once, after the decision waiting before it
+        lines = [json.loads(line) for line in raw.getvalue().splitlines()]
+        assert [line.get("uid", line["event"]) for line in lines] == ["a", "b", "c", "d", "boom"]
+        observability.defer_line(log, "admission", {"uid": "e"})  # an info line after it waits again
+        assert raw.getvalue().count(b"\n") == 5
+    finally:
+        observability.LOG_SINK = None
+        structlog.reset_defaults()
+
+
+def test_record_matches_the_keyword_call_and_respects_the_level() -> None:
+    raw = Sink()
+    _configured_json_log(raw)
+    try:
+        log = structlog.get_logger("t").bind(replica="r1")  # bound context reaches record lines too
+        fields = {"uid": "a", "reason": None, "candidates": ["n1: full"]}
+        log.record("admission", dict(fields))
+        log.info("admission", **fields)
+        observability.flush_logs()
+        first, second = (json.loads(line) for line in raw.getvalue().splitlines())
+        first.pop("timestamp"), second.pop("timestamp")
+        assert first == second == {**fields, "replica": "r1", "event": "admission", "level": "info"}
+    finally:
+        observability.LOG_SINK = None
+        structlog.reset_defaults()
+    raw = Sink()
+    _configured_json_log(raw, level="warning")
+    try:
+        log = structlog.get_logger("t").bind()
+        observability.defer_line(log, "admission", {"uid": "quiet"})
+        log.warning("loud")
+        observability.flush_logs()
+        assert [json.loads(line)["event"] for line in raw.getvalue().splitlines()] == ["loud"]
+    finally:
+        observability.LOG_SINK = None
+        structlog.reset_defaults()
+
+
+def test_without_the_buffered_sink_a_deferred_line_is_logged_at_once() -> None:
+    captured: list[dict[str, Any]] = []
+
+    def keep(_: Any, __: str, event: dict[str, Any]) -> str:
+        captured.append(dict(event))
+        return ""
+
+    observability.LOG_SINK = None
+    structlog.configure(processors=[keep], logger_factory=structlog.ReturnLoggerFactory())
+    try:
+        observability.defer_line(structlog.get_logger("t"), "admission", {"uid": "a"})  # plain structlog: no record()
+        assert captured == [{"uid": "a", "event": "admission"}]
+    finally:
+        structlog.reset_defaults()
