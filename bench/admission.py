@@ -9,6 +9,11 @@ script when it is installed (closed loop, fixed concurrency), else an aiohttp cl
 only choice for the fixed-rate mode, `--rate`). Prints req/s, p50/p90/p99, CPU time per admission
 (from /proc: the server's utime+stime over the run), resident memory and the ratio to the null
 handler.
+
+`--paired` runs both servers at once and loads them in turn, `--repeat` rounds of `--seconds`
+each, for a machine whose speed drifts within minutes (see run_paired):
+
+    python bench/admission.py --workload plain --paired --seconds 1 --repeat 80
 """
 
 from __future__ import annotations
@@ -432,6 +437,147 @@ def run_round(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _window(url: str, body: Path, args: argparse.Namespace, core: int | None, tmp: Path) -> dict[str, Any]:
+    use_wrk = shutil.which("wrk") and not args.rate and not args.no_wrk
+    if use_wrk:
+        return run_wrk(url, body, args.concurrency, args.seconds, core, tmp)
+    return run_aiohttp(url, body, args.concurrency, args.seconds, args.rate, core)
+
+
+def bootstrap_median_ci(values: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of the median by resampling the rounds (seeded: the same rounds print the same)."""
+    import random
+    import statistics
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+def run_paired(args: argparse.Namespace) -> dict[str, Any]:
+    """Both servers up at once on the server core, loaded in turn for `--seconds` each, `--repeat`
+    times (webhook first in even rounds, null first in odd ones). The one not being loaded is
+    stopped (SIGSTOP), so the webhook's collector never runs in the null's window; it catches up in
+    its own, which counts against the webhook. Each round's ratio compares two windows a few
+    seconds apart, so a slow stretch of a shared machine hits both sides of it."""
+    import math
+    import signal
+    import statistics
+
+    all_cores = cores()
+    server_core = all_cores[0] if len(all_cores) > 1 else None
+    load_core = all_cores[1] if len(all_cores) > 1 else None
+    tmp = Path(tempfile.mkdtemp(prefix="hami-bench-"))
+    body = tmp / "review.json"
+    body.write_bytes(review_body(args.workload, args.endpoint))
+    from bench.cluster import write_bench_config
+
+    redis = start_redis(tmp) if args.ledger == "redis" else None
+    if redis is not None:
+        pin(redis[0].pid, load_core)
+    port, null_port = free_port(), free_port()
+    config = write_bench_config(args, tmp, port, redis[1] if redis else "")
+    commands = {
+        "webhook": ([sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)], port),
+        "null": (
+            [
+                sys.executable,
+                str(ROOT / "bench" / "null_server.py"),
+                "--listen",
+                f"127.0.0.1:{null_port}",
+                "--state-dir",
+                str(tmp / "null-state"),
+            ],
+            null_port,
+        ),
+    }
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = []
+    try:
+        for name, (cmd, server_port) in commands.items():
+            log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below, after the process
+            logs.append(log)
+            procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            pin(procs[name].pid, server_core)
+            wait_ready(server_port, procs[name])
+        urls = {name: f"https://127.0.0.1:{server_port}/{args.endpoint}" for name, (_, server_port) in commands.items()}
+        if args.warmup:
+            warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
+            for name in procs:
+                _window(urls[name], body, warm, load_core, tmp)
+        windows: dict[str, list[dict[str, Any]]] = {name: [] for name in procs}
+        for round_no in range(max(1, args.repeat)):
+            order = ["webhook", "null"] if round_no % 2 == 0 else ["null", "webhook"]
+            for name in order:
+                other = procs["null" if name == "webhook" else "webhook"]
+                other.send_signal(signal.SIGSTOP)
+                procs[name].send_signal(signal.SIGCONT)
+                cpu_before = cpu_seconds(procs[name].pid)
+                window = _window(urls[name], body, args, load_core, tmp)
+                window["cpu_s"] = cpu_seconds(procs[name].pid) - cpu_before
+                windows[name].append(window)
+        for proc in procs.values():
+            proc.send_signal(signal.SIGCONT)
+        answers = answer_mix(urls["webhook"], body)
+        ledger = ledger_results(port)
+        rss = {name: rss_mb(proc.pid) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(OSError):
+                proc.send_signal(signal.SIGCONT)  # a stopped process would hold SIGTERM pending
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+        for log in logs:
+            log.close()
+        if redis:
+            redis[0].terminate()
+            redis[0].wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def summary(name: str) -> dict[str, Any]:
+        rounds = windows[name]
+        requests = sum(w["requests"] for w in rounds)
+        return {
+            "rps": requests / sum(w["seconds"] for w in rounds),
+            "p50_ms": statistics.median(w["p50_ms"] for w in rounds),
+            "p90_ms": statistics.median(w["p90_ms"] for w in rounds),
+            "p99_ms": statistics.median(w["p99_ms"] for w in rounds),
+            "cpu_us_per_admission": sum(w["cpu_s"] for w in rounds) / max(1, requests) * 1e6,
+            "errors": sum(w["errors"] for w in rounds),
+            "rss_mb": rss[name],
+        }
+
+    hook, null = summary("webhook"), summary("null")
+    ratios = [w["rps"] / n["rps"] for w, n in zip(windows["webhook"], windows["null"], strict=True) if n["rps"]]
+    low, high = bootstrap_median_ci(ratios)
+    return {
+        "workload": args.workload,
+        "endpoint": args.endpoint,
+        "nodes": args.nodes if args.workload == "gpu" else 0,
+        "ledger": args.ledger,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "mode": "paired",
+        **hook,
+        "null": null,
+        "ratio": statistics.median(ratios),
+        "ratio_ci95": [low, high],
+        "ratio_geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+        "ratio_of_totals": hook["rps"] / null["rps"] if null["rps"] else 0.0,
+        "rounds": [
+            {"rps": w["rps"], "null_rps": n["rps"], "ratio": w["rps"] / n["rps"] if n["rps"] else 0.0}
+            for w, n in zip(windows["webhook"], windows["null"], strict=True)
+        ],
+        "load_generator": "wrk" if shutil.which("wrk") and not args.rate and not args.no_wrk else "aiohttp",
+        "answers": answers,
+        "ledger_results": ledger,
+        "cores": len(all_cores),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--loadgen":
@@ -452,9 +598,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.0, help="fixed request rate (aiohttp load generator)")
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp load generator even if wrk exists")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of (webhook, null); the median one is shown")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="both servers up at once, loaded in turn for --seconds each, --repeat rounds; "
+        "the ratio is the median of the rounds' ratios, with a 95%% interval",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run(args)
+    result = run_paired(args) if args.paired else run(args)
     if args.json:
         print(json.dumps(result))
     else:
@@ -468,15 +620,24 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {result['p99_ms']:.2f} ms  cpu {result['cpu_us_per_admission']:.0f} us/adm  "
             f"rss {result['rss_mb']:.0f} MB  errors {result['errors']}"
         )
-        print(
-            f"           net of background: {result['cpu_us_per_admission_net']:.0f} us/adm; background "
-            f"(collector sweeps, index moves) {result['background_cpu_ms_per_s']:.0f} ms CPU per second"
-        )
+        if "cpu_us_per_admission_net" in result:  # the paired mode never idles: no background figure
+            print(
+                f"           net of background: {result['cpu_us_per_admission_net']:.0f} us/adm; background "
+                f"(collector sweeps, index moves) {result['background_cpu_ms_per_s']:.0f} ms CPU per second"
+            )
         print(
             f"  null:    {null['rps']:8.0f} req/s  p50 {null['p50_ms']:.2f} ms  p90 {null['p90_ms']:.2f} ms  "
             f"p99 {null['p99_ms']:.2f} ms  cpu {null['cpu_us_per_admission']:.0f} us/adm  rss {null['rss_mb']:.0f} MB"
         )
-        print(f"  ratio:   {result['ratio']:.2f}")
+        if result.get("mode") == "paired":
+            low, high = result["ratio_ci95"]
+            print(
+                f"  ratio:   {result['ratio']:.3f} (median of {len(result['rounds'])} paired rounds; 95% "
+                f"interval {low:.3f}-{high:.3f}; geometric mean {result['ratio_geomean']:.3f}; "
+                f"ratio of totals {result['ratio_of_totals']:.3f})"
+            )
+        else:
+            print(f"  ratio:   {result['ratio']:.2f}")
         if len(result["rounds"]) > 1:
             ratios = ", ".join(f"{r['ratio']:.2f}" for r in result["rounds"])
             print(f"  rounds:  ratios {ratios} (median shown)")

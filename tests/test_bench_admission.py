@@ -53,3 +53,48 @@ def test_admission_bench_quick_mode_prints_its_figures(workload: str, ledger: st
         assert results.get("ok", 0) > 0 and not any(k.startswith("fallback") for k in results), report
     else:
         assert report["answers"] == {"allowed": 20}, report
+
+
+def test_paired_mode_loads_both_servers_in_turn_and_reports_an_interval() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "admission.py"),
+            "--workload",
+            "plain",
+            "--paired",
+            "--repeat",
+            "3",
+            "--seconds",
+            "0.5",
+            "--warmup",
+            "0",
+            "--concurrency",
+            "4",
+            "--no-wrk",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["mode"] == "paired" and len(report["rounds"]) == 3, report
+    assert all(r["rps"] > 0 and r["null_rps"] > 0 for r in report["rounds"]), report
+    low, high = report["ratio_ci95"]
+    assert low <= report["ratio"] <= high, report
+    assert report["errors"] == 0 and report["null"]["errors"] == 0, report
+    assert report["answers"] == {"allowed": 20}, report  # the webhook was resumed after its last window
+
+
+def test_bootstrap_interval_brackets_the_median_and_is_reproducible() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.admission import bootstrap_median_ci
+
+    values = [0.5, 0.6, 0.7, 0.72, 0.75, 0.8, 0.9, 1.1]
+    low, high = bootstrap_median_ci(values)
+    assert min(values) <= low <= 0.735 <= high <= max(values)
+    assert bootstrap_median_ci(values) == (low, high)  # seeded
+    assert bootstrap_median_ci([0.7] * 5) == (0.7, 0.7)
