@@ -259,4 +259,8 @@ def build_response(api_version: str, uid: str, verdict: Verdict, *, with_patch: 
 
 
 def encode_review(api_version: str, uid: str, verdict: Verdict, *, with_patch: bool) -> bytes:
+    if verdict is ALLOW:  # most admissions: nothing to add to the answer
+        return orjson.dumps(
+            {"apiVersion": api_version, "kind": "AdmissionReview", "response": {"uid": uid, "allowed": True}}
+        )
     return orjson.dumps(build_response(api_version, uid, verdict, with_patch=with_patch))

@@ -177,3 +177,16 @@ def test_encoding_rules() -> None:
     assert "patch" not in validated and "patchType" not in validated
     denied = build_response("admission.k8s.io/v1", "u", Verdict(False, "no", "Forbidden", 403), with_patch=True)
     assert denied["response"]["status"] == {"status": "Failure", "code": 403, "reason": "Forbidden", "message": "no"}
+
+
+def test_the_plain_allow_answer_is_what_build_response_writes() -> None:
+    from hami.admission import ALLOW, encode_review
+
+    for api_version in ("admission.k8s.io/v1", "admission.k8s.io/v1beta1"):
+        for with_patch in (True, False):
+            fast = encode_review(api_version, "uid-1", ALLOW, with_patch=with_patch)
+            assert orjson.loads(fast) == build_response(api_version, "uid-1", ALLOW, with_patch=with_patch)
+    # An equal verdict that is not the shared ALLOW takes the general path, with the same answer.
+    assert encode_review("admission.k8s.io/v1", "u", Verdict(True), with_patch=True) == encode_review(
+        "admission.k8s.io/v1", "u", ALLOW, with_patch=True
+    )
