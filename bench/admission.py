@@ -361,6 +361,29 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("redis-server did not start")
 
 
+def null_command(port: int, tmp: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(ROOT / "bench" / "null_server.py"),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--state-dir",
+        str(tmp / "null-state"),
+    ]
+
+
+def run_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """What was measured, as every report starts."""
+    return {
+        "workload": args.workload,
+        "endpoint": args.endpoint,
+        "nodes": args.nodes if args.workload == "gpu" else 0,
+        "ledger": args.ledger,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+    }
+
+
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The round whose webhook/null ratio is the median: one coherent set of figures, not a
     mix of medians taken from different rounds."""
@@ -402,23 +425,10 @@ def run_round(args: argparse.Namespace) -> dict[str, Any]:
             redis[0].terminate()
             redis[0].wait(10)
     null_port = free_port()
-    null_cmd = [
-        sys.executable,
-        str(ROOT / "bench" / "null_server.py"),
-        "--listen",
-        f"127.0.0.1:{null_port}",
-        "--state-dir",
-        str(tmp / "null-state"),
-    ]
-    null = measure("null", null_cmd, null_port, args.endpoint, body, args, tmp)
+    null = measure("null", null_command(null_port, tmp), null_port, args.endpoint, body, args, tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     return {
-        "workload": args.workload,
-        "endpoint": args.endpoint,
-        "nodes": args.nodes if args.workload == "gpu" else 0,
-        "ledger": args.ledger,
-        "concurrency": args.concurrency,
-        "seconds": args.seconds,
+        **run_identity(args),
         "rps": webhook["rps"],
         "p50_ms": webhook["p50_ms"],
         "p90_ms": webhook["p90_ms"],
@@ -485,17 +495,7 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
     config = write_bench_config(args, tmp, port, redis[1] if redis else "")
     commands = {
         "webhook": ([sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)], port),
-        "null": (
-            [
-                sys.executable,
-                str(ROOT / "bench" / "null_server.py"),
-                "--listen",
-                f"127.0.0.1:{null_port}",
-                "--state-dir",
-                str(tmp / "null-state"),
-            ],
-            null_port,
-        ),
+        "null": (null_command(null_port, tmp), null_port),
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = []
@@ -560,12 +560,7 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
     ratios = [w["rps"] / n["rps"] for w, n in zip(windows["webhook"], windows["null"], strict=True) if n["rps"]]
     low, high = bootstrap_median_ci(ratios)
     return {
-        "workload": args.workload,
-        "endpoint": args.endpoint,
-        "nodes": args.nodes if args.workload == "gpu" else 0,
-        "ledger": args.ledger,
-        "concurrency": args.concurrency,
-        "seconds": args.seconds,
+        **run_identity(args),
         "mode": "paired",
         **hook,
         "null": null,

@@ -6,42 +6,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize(("workload", "ledger"), [("plain", "memory"), ("gpu", "memory"), ("gpu", "redis")])
-def test_admission_bench_quick_mode_prints_its_figures(workload: str, ledger: str) -> None:
+def run_bench(*args: str) -> dict[str, Any]:
+    """bench/admission.py in quick mode (aiohttp load generator, 4 connections, no warm-up)."""
+    command = [sys.executable, str(ROOT / "bench" / "admission.py"), "--warmup", "0", "--concurrency", "4"]
     result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "admission.py"),
-            "--workload",
-            workload,
-            "--nodes",
-            "300",
-            "--seconds",
-            "1",
-            "--warmup",
-            "0",
-            "--idle-s",
-            "0.5",
-            "--concurrency",
-            "4",
-            "--ledger",
-            ledger,
-            "--no-wrk",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=180,
+        [*command, "--no-wrk", "--json", *args], capture_output=True, text=True, cwd=ROOT, timeout=180
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize(("workload", "ledger"), [("plain", "memory"), ("gpu", "memory"), ("gpu", "redis")])
+def test_admission_bench_quick_mode_prints_its_figures(workload: str, ledger: str) -> None:
+    report = run_bench(
+        "--workload", workload, "--nodes", "300", "--seconds", "1", "--idle-s", "0.5", "--ledger", ledger
+    )
     for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_admission", "rss_mb", "ratio", "null"):
         assert key in report
     assert report["errors"] == 0, report
@@ -56,31 +43,7 @@ def test_admission_bench_quick_mode_prints_its_figures(workload: str, ledger: st
 
 
 def test_paired_mode_loads_both_servers_in_turn_and_reports_an_interval() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "admission.py"),
-            "--workload",
-            "plain",
-            "--paired",
-            "--repeat",
-            "3",
-            "--seconds",
-            "0.5",
-            "--warmup",
-            "0",
-            "--concurrency",
-            "4",
-            "--no-wrk",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_bench("--workload", "plain", "--paired", "--repeat", "3", "--seconds", "0.5")
     assert report["mode"] == "paired" and len(report["rounds"]) == 3, report
     assert all(r["rps"] > 0 and r["null_rps"] > 0 for r in report["rounds"]), report
     low, high = report["ratio_ci95"]
