@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from hami.state.ledger import InProcessLedger, first_overflow, needs
 from hami.state.model import DeviceUsage, ReservationItem
@@ -107,3 +108,57 @@ def test_used_on_matches_a_recount_of_the_live_reservations() -> None:
             assert got[uuid].memory_mib == sum(it.memory_mib for it in shares)
             assert got[uuid].cores == sum(it.cores for it in shares)
             assert got[uuid].pods == pods
+
+
+def test_overlay_view_matches_a_recount_and_earlier_views_keep_their_figures() -> None:
+    """The overlay is copied from per-device records kept with each change; it must equal summing
+    the live reservations (workload types included), and a view handed out before a change must not
+    see it (the index compares the next view with the one it synced)."""
+    import random
+
+    from hami.state.ledger import Aggregate, Reservation
+
+    rng = random.Random(11)
+    agg = Aggregate()
+    live: dict[str, Reservation] = {}
+    uuids = [f"GPU-{i}" for i in range(5)]
+    held: list[tuple[Mapping[str, DeviceUsage], dict[str, DeviceUsage]]] = []
+    for step in range(400):
+        now = float(step)
+        key = f"ns{rng.randrange(3)}/p{rng.randrange(30)}"
+        if rng.random() < 0.25:
+            agg.remove(key)
+            live.pop(key, None)
+        else:
+            items = tuple(
+                ReservationItem(
+                    "n",
+                    rng.choice(uuids),
+                    rng.randrange(1, 9) * 256,
+                    rng.choice((0, 10, 30)),
+                    10**6,
+                    100,
+                    rng.choice(("", "training", "inference")),
+                )
+                for _ in range(rng.randrange(1, 3))
+            )
+            reservation = Reservation(key, items, now + rng.choice((3.0, 1000.0)))  # some expire
+            agg.add(reservation)
+            live[key] = reservation
+        live = {k: r for k, r in live.items() if r.expires_at > now}
+        view = agg.view(now)
+        expected: dict[str, DeviceUsage] = {}
+        for uuid in uuids:
+            mine = [(k, it) for k, r in live.items() for it in r.items if it.uuid == uuid]
+            if mine:
+                expected[uuid] = DeviceUsage(
+                    sum(it.memory_mib for _, it in mine),
+                    sum(it.cores for _, it in mine),
+                    len({k for k, _ in mine}),
+                    frozenset(it.workload_type for _, it in mine if it.workload_type),
+                )
+        assert dict(view) == expected, step
+        if step % 50 == 0:
+            held.append((view, dict(view)))
+    for view, figures in held:
+        assert dict(view) == figures

@@ -461,7 +461,10 @@ class PlacementIndex:
         if overlay is self.last_synced:
             return 0
         applied = self.applied
-        changes: dict[str, DeviceUsage | None] = {u: v for u, v in overlay.items() if applied.get(u) != v}
+        # `is not` first: a device the ledger did not touch since is the very same record.
+        changes: dict[str, DeviceUsage | None] = {
+            u: v for u, v in overlay.items() if (a := applied.get(u)) is not v and a != v
+        }
         changes.update((u, None) for u in applied if u not in overlay)
         moved = self.apply_delta(changes) if changes else 0
         self.last_synced = overlay

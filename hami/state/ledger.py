@@ -177,9 +177,10 @@ class Aggregate:
     """Live reservations and their sums per device and per namespace, kept incrementally.
 
     A burst of admissions must not pay for every pending reservation: adding or removing one
-    touches only its own devices, expiry pops a heap, and the overlay mapping is rebuilt (per
-    device, not per reservation) only after a change. Each reservation's shares are derived once,
-    when it is added: every admission's reservation is added once and expires (or is released) once.
+    touches only its own devices (their usage records included), expiry pops a heap, and the
+    overlay mapping is copied from those records only after a change. Each reservation's shares
+    are derived once, when it is added: every admission's reservation is added once and expires
+    (or is released) once.
     """
 
     def __init__(self, reservations: Iterable[Reservation] = ()) -> None:
@@ -189,6 +190,8 @@ class Aggregate:
         self._cores: dict[str, int] = {}
         self._pods: dict[str, int] = {}
         self._types: dict[str, Counter[str]] = {}
+        # Each device's usage, rebuilt for the devices a change touches: view() only copies it.
+        self._usage: dict[str, DeviceUsage] = {}
         self._ns: dict[str, list[int]] = {}  # namespace -> [memory MiB, cores, devices]
         self._heap: list[tuple[float, str]] = []
         self._view: Mapping[str, DeviceUsage] | None = EMPTY_OVERLAY
@@ -225,6 +228,12 @@ class Aggregate:
             types[workload_type] += sign
             if types[workload_type] <= 0:
                 del types[workload_type]
+        usage, types_of = self._usage, self._types
+        for uuid in shares.per_device:  # the typed devices are among these
+            if uuid in pods:
+                usage[uuid] = DeviceUsage(mem[uuid], cores[uuid], pods[uuid], frozenset(types_of.get(uuid, ())))
+            else:
+                usage.pop(uuid, None)
         total = self._ns.get(shares.namespace)
         if total is None:
             total = self._ns[shares.namespace] = [0, 0, 0]
@@ -244,12 +253,10 @@ class Aggregate:
     def view(self, now: float) -> Mapping[str, DeviceUsage]:
         self.purge(now)
         if self._view is None:
-            self._view = MappingProxyType(
-                {
-                    u: DeviceUsage(self._mem[u], self._cores[u], self._pods[u], frozenset(self._types.get(u, ())))
-                    for u in self._mem
-                }
-            )
+            # A copy: whoever holds a view keeps what it was (the index compares the next one with
+            # it). Copying reuses the devices' usage records, so an unchanged device is the same
+            # object in both: rebuilding them all measured ~12 ms per sync at 3,000 reservations.
+            self._view = MappingProxyType(dict(self._usage))
         return self._view
 
     def used_on(self, uuids: Iterable[str], without_key: str, now: float) -> dict[str, DeviceUsage]:
