@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
-from hami.state.ledger import InProcessLedger, first_overflow, needs
+from hami.state.ledger import Aggregate, InProcessLedger, Reservation, first_overflow, needs
 from hami.state.model import DeviceUsage, ReservationItem
 
 
@@ -74,30 +74,49 @@ async def test_concurrent_burst_never_promises_more_than_capacity() -> None:
     assert ledger.overlay()["GPU-a"].memory_mib == 1000
 
 
-def test_used_on_matches_a_recount_of_the_live_reservations() -> None:
-    """The reserve path's per-device view equals summing every live reservation but the key's own."""
+def _random_changes(
+    seed: int, uuids: list[str], steps: int, keys: int, namespaces: int = 1, typed: bool = False
+) -> Iterator[tuple[int, Aggregate, dict[str, Reservation]]]:
+    """An Aggregate under random adds, replacements, removals and (with `typed`) expiries, yielded
+    after each step with the reservations that should be live at time `step`."""
     import random
 
-    from hami.state.ledger import Aggregate, Reservation
-
-    rng = random.Random(7)
+    rng = random.Random(seed)
     agg = Aggregate()
     live: dict[str, Reservation] = {}
-    uuids = [f"GPU-{i}" for i in range(6)]
-    for step in range(300):
-        key = f"ns/p{rng.randrange(40)}"
-        if rng.random() < 0.3:
+    for step in range(steps):
+        key = f"ns{rng.randrange(namespaces)}/p{rng.randrange(keys)}"
+        if rng.random() < 0.25:
             agg.remove(key)
             live.pop(key, None)
         else:
             items = tuple(
-                ReservationItem("n", rng.choice(uuids), rng.randrange(1, 9) * 256, rng.choice((0, 10, 30)), 10**6)
+                ReservationItem(
+                    "n",
+                    rng.choice(uuids),
+                    rng.randrange(1, 9) * 256,
+                    rng.choice((0, 10, 30)),
+                    10**6,
+                    100,
+                    rng.choice(("", "training", "inference")) if typed else "",
+                )
                 for _ in range(rng.randrange(1, 3))
             )
-            reservation = Reservation(key, items, 10**9)
-            agg.add(reservation)
-            live[key] = reservation
-        probe = f"ns/p{rng.randrange(40)}"
+            expires = step + rng.choice((3.0, 1000.0)) if typed else 10**9  # some expire
+            agg.add(Reservation(key, items, expires))
+            live[key] = Reservation(key, items, expires)
+        live = {k: r for k, r in live.items() if r.expires_at > step}
+        yield step, agg, live
+
+
+def test_used_on_matches_a_recount_of_the_live_reservations() -> None:
+    """The reserve path's per-device view equals summing every live reservation but the key's own."""
+    import random
+
+    probes = random.Random(7)
+    uuids = [f"GPU-{i}" for i in range(6)]
+    for step, agg, live in _random_changes(7, uuids, steps=300, keys=40):
+        probe = f"ns0/p{probes.randrange(40)}"
         got = agg.used_on(uuids, probe, now=float(step))
         for uuid in uuids:
             shares = [it for k, r in live.items() if k != probe for it in r.items if it.uuid == uuid]
@@ -114,39 +133,10 @@ def test_overlay_view_matches_a_recount_and_earlier_views_keep_their_figures() -
     """The overlay is copied from per-device records kept with each change; it must equal summing
     the live reservations (workload types included), and a view handed out before a change must not
     see it (the index compares the next view with the one it synced)."""
-    import random
-
-    from hami.state.ledger import Aggregate, Reservation
-
-    rng = random.Random(11)
-    agg = Aggregate()
-    live: dict[str, Reservation] = {}
     uuids = [f"GPU-{i}" for i in range(5)]
     held: list[tuple[Mapping[str, DeviceUsage], dict[str, DeviceUsage]]] = []
-    for step in range(400):
-        now = float(step)
-        key = f"ns{rng.randrange(3)}/p{rng.randrange(30)}"
-        if rng.random() < 0.25:
-            agg.remove(key)
-            live.pop(key, None)
-        else:
-            items = tuple(
-                ReservationItem(
-                    "n",
-                    rng.choice(uuids),
-                    rng.randrange(1, 9) * 256,
-                    rng.choice((0, 10, 30)),
-                    10**6,
-                    100,
-                    rng.choice(("", "training", "inference")),
-                )
-                for _ in range(rng.randrange(1, 3))
-            )
-            reservation = Reservation(key, items, now + rng.choice((3.0, 1000.0)))  # some expire
-            agg.add(reservation)
-            live[key] = reservation
-        live = {k: r for k, r in live.items() if r.expires_at > now}
-        view = agg.view(now)
+    for step, agg, live in _random_changes(11, uuids, steps=400, keys=30, namespaces=3, typed=True):
+        view = agg.view(float(step))
         expected: dict[str, DeviceUsage] = {}
         for uuid in uuids:
             mine = [(k, it) for k, r in live.items() for it in r.items if it.uuid == uuid]
