@@ -186,11 +186,8 @@ class Aggregate:
     def __init__(self, reservations: Iterable[Reservation] = ()) -> None:
         self.reservations: dict[str, Reservation] = {}
         self._shares: dict[str, _Shares] = {}
-        self._mem: dict[str, int] = {}
-        self._cores: dict[str, int] = {}
-        self._pods: dict[str, int] = {}
         self._types: dict[str, Counter[str]] = {}
-        # Each device's usage, rebuilt for the devices a change touches: view() only copies it.
+        # Each device's sums, a record replaced for the devices a change touches: view() copies it.
         self._usage: dict[str, DeviceUsage] = {}
         self._ns: dict[str, list[int]] = {}  # namespace -> [memory MiB, cores, devices]
         self._heap: list[tuple[float, str]] = []
@@ -214,26 +211,25 @@ class Aggregate:
         return r
 
     def _apply(self, shares: _Shares, sign: int) -> None:
-        mem, cores, pods = self._mem, self._cores, self._pods
-        for uuid, need in shares.per_device.items():
-            left = pods.get(uuid, 0) + sign
-            if left == 0:
-                del mem[uuid], cores[uuid], pods[uuid]
-            else:
-                mem[uuid] = mem.get(uuid, 0) + sign * need.memory_mib
-                cores[uuid] = cores.get(uuid, 0) + sign * need.cores
-                pods[uuid] = left
+        types_of = self._types
         for uuid, workload_type in shares.typed:
-            types = self._types.setdefault(uuid, Counter())
+            types = types_of.setdefault(uuid, Counter())
             types[workload_type] += sign
             if types[workload_type] <= 0:
                 del types[workload_type]
-        usage, types_of = self._usage, self._types
-        for uuid in shares.per_device:  # the typed devices are among these
-            if uuid in pods:
-                usage[uuid] = DeviceUsage(mem[uuid], cores[uuid], pods[uuid], frozenset(types_of.get(uuid, ())))
+        usage = self._usage
+        for uuid, need in shares.per_device.items():  # the typed devices are among these
+            old = usage.get(uuid, _NOTHING_USED)
+            pods = old.pods + sign
+            if pods == 0:
+                del usage[uuid]
             else:
-                usage.pop(uuid, None)
+                usage[uuid] = DeviceUsage(
+                    old.memory_mib + sign * need.memory_mib,
+                    old.cores + sign * need.cores,
+                    pods,
+                    frozenset(types_of.get(uuid, ())),
+                )
         total = self._ns.get(shares.namespace)
         if total is None:
             total = self._ns[shares.namespace] = [0, 0, 0]
@@ -270,13 +266,15 @@ class Aggregate:
         mine = own_shares.per_device if own_shares is not None else {}
         out: dict[str, DeviceUsage] = {}
         for uuid in uuids:
-            if uuid not in self._mem:
+            used = self._usage.get(uuid)
+            if used is None:
                 continue
-            memory, cores, pods = self._mem[uuid], self._cores[uuid], self._pods[uuid]
             own = mine.get(uuid)
             if own is not None:
-                memory, cores, pods = memory - own.memory_mib, cores - own.cores, pods - 1
-            out[uuid] = DeviceUsage(memory, cores, pods, frozenset(self._types.get(uuid, ())))
+                used = DeviceUsage(
+                    used.memory_mib - own.memory_mib, used.cores - own.cores, used.pods - 1, used.workload_types
+                )
+            out[uuid] = used
         return out
 
     def namespace_usage(self, namespace: str, now: float) -> NamespaceUsage:
