@@ -397,6 +397,8 @@ def best_first(
                 # The bucket the ask falls in holds nodes without the room: one comparison tells them
                 # (not when types are asked: a type mismatch must be named as such, it ranks last).
                 q = (_MEMORY, "memory", rec.max_free)
+                if memo is not None:
+                    memo[name] = (rec, q)
             else:
                 seq += 1
                 push(heap, (tier, -sign * _score(rec, a, split), rank, seq, 0, ref, pos))
@@ -417,9 +419,7 @@ def best_first(
                 q = quick(rec, a, settings)
                 if memo is not None:
                     memo[name] = (rec, q)
-        if not isinstance(q, float):
-            if memo is not None:
-                memo[name] = (rec, q)
+        if not isinstance(q, float):  # (the memo has it: every verdict is stored where it is made)
             if exact:  # the quick check's reason is the real one; the wording waits for a denial
                 filtered[q[1]] += 1
                 rejects.append((closeness_key(q[0], q[1], q[2], rank), name, None))
