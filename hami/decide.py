@@ -70,7 +70,7 @@ class Decider:
         if all(map(trivially_clean, templates)):
             # No rule can fire, and no container names a resource beyond CPU, memory and ephemeral
             # storage, so there is no GPU to place either: most pods of a cluster end here.
-            return Outcome(ALLOW, "allowed", {})
+            return _allowed((), {})
         violations = self.validate(request, templates)
         outcome = await self._judge(request, endpoint, templates, violations)
         if violations:
