@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -106,6 +107,38 @@ def pin(pid: int, core: int | None) -> None:
     if core is not None:
         with contextlib.suppress(AttributeError, OSError):
             os.sched_setaffinity(pid, {core})
+
+
+def server_and_load_cores() -> tuple[int | None, int | None]:
+    """(server core, load generator core): cores 0 and 1 where the machine has more than one."""
+    all_cores = cores()
+    return (all_cores[0], all_cores[1]) if len(all_cores) > 1 else (None, None)
+
+
+def start_server(
+    name: str, cmd: list[str], port: int, tmp: Path, core: int | None
+) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """The server under test, its output in tmp/NAME.log, pinned and answering /readyz."""
+    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed by stop_server, after the process
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        pin(proc.pid, core)
+        wait_ready(port, proc)
+    except BaseException:
+        stop_server(proc, log)
+        raise
+    return proc, log
+
+
+def stop_server(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGCONT)  # a stopped process (--paired) would hold SIGTERM pending
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
+    log.close()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -285,14 +318,9 @@ def ledger_results(port: int) -> dict[str, int]:
 def measure(
     name: str, server_cmd: list[str], port: int, endpoint: str, body: Path, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
-    all_cores = cores()
-    server_core = all_cores[0] if len(all_cores) > 1 else None
-    load_core = all_cores[1] if len(all_cores) > 1 else None
-    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below, after the process
-    proc = subprocess.Popen(server_cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    server_core, load_core = server_and_load_cores()
+    proc, log = start_server(name, server_cmd, port, tmp, server_core)
     try:
-        pin(proc.pid, server_core)
-        wait_ready(port, proc)
         url = f"https://127.0.0.1:{port}/{endpoint}"
         use_wrk = shutil.which("wrk") and not args.rate and not args.no_wrk
         if args.warmup:
@@ -325,12 +353,7 @@ def measure(
         result["load_generator"] = "wrk" if use_wrk else "aiohttp"
         return result
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+        stop_server(proc, log)
 
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -414,8 +437,7 @@ def run_round(args: argparse.Namespace) -> dict[str, Any]:
     if redis is not None:
         # redis-server is a separate service: it shares the load generator's core, never the
         # webhook's (the webhook's core is what the figures are about).
-        all_cores = cores()
-        pin(redis[0].pid, all_cores[1] if len(all_cores) > 1 else None)
+        pin(redis[0].pid, server_and_load_cores()[1])
     try:
         config = write_bench_config(args, tmp, port, redis[1] if redis else "")
         webhook_cmd = [sys.executable, str(ROOT / "hami_webhook.py"), "serve", "--config", str(config)]
@@ -477,12 +499,9 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
     the paired ratio is a lower bound, and the default mode (which measures the background apart)
     is the fairer one."""
     import math
-    import signal
     import statistics
 
-    all_cores = cores()
-    server_core = all_cores[0] if len(all_cores) > 1 else None
-    load_core = all_cores[1] if len(all_cores) > 1 else None
+    server_core, load_core = server_and_load_cores()
     tmp = Path(tempfile.mkdtemp(prefix="hami-bench-"))
     body = tmp / "review.json"
     body.write_bytes(review_body(args.workload, args.endpoint))
@@ -498,14 +517,11 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
         "null": (null_command(null_port, tmp), null_port),
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = []
+    logs: list[IO[bytes]] = []
     try:
         for name, (cmd, server_port) in commands.items():
-            log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed below, after the process
+            procs[name], log = start_server(name, cmd, server_port, tmp, server_core)
             logs.append(log)
-            procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            pin(procs[name].pid, server_core)
-            wait_ready(server_port, procs[name])
         urls = {name: f"https://127.0.0.1:{server_port}/{args.endpoint}" for name, (_, server_port) in commands.items()}
         if args.warmup:
             warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
@@ -528,16 +544,8 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
         ledger = ledger_results(port)
         rss = {name: rss_mb(proc.pid) for name, proc in procs.items()}
     finally:
-        for proc in procs.values():
-            with contextlib.suppress(OSError):
-                proc.send_signal(signal.SIGCONT)  # a stopped process would hold SIGTERM pending
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            if proc.poll() is None:
-                proc.kill()
-        for log in logs:
-            log.close()
+        for proc, log in zip(procs.values(), logs, strict=True):
+            stop_server(proc, log)
         if redis:
             redis[0].terminate()
             redis[0].wait(10)
@@ -575,7 +583,7 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
         "load_generator": "wrk" if shutil.which("wrk") and not args.rate and not args.no_wrk else "aiohttp",
         "answers": answers,
         "ledger_results": ledger,
-        "cores": len(all_cores),
+        "cores": len(cores()),
     }
 
 
