@@ -20,7 +20,6 @@ TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
 HANDLED_KINDS = frozenset(TEMPLATE_PATHS) | {"Pod"}
-_new_tuple = tuple.__new__
 CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
 
 
@@ -105,11 +104,7 @@ def pod_templates(obj: Mapping[str, Any], namespace: str = "") -> list[PodTempla
     name = object_name(obj)
     if kind == "Pod":
         spec = _mapping(obj.get("spec"), "spec")
-        # tuple.__new__: the NamedTuple's own __new__ without its Python-level argument binding
-        # (a Pod's template is made for every admission).
-        return [
-            _new_tuple(PodTemplate, ("Pod", name, ns, metadata, spec, "spec", "/spec", read_containers(spec, "spec")))
-        ]
+        return [PodTemplate("Pod", name, ns, metadata, spec, "spec", "/spec", read_containers(spec, "spec"))]
     path = TEMPLATE_PATHS.get(kind) if isinstance(kind, str) else None
     if path is None:
         return []
