@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from hami import mutation
 from hami.admission import ALLOW, AdmissionRequest, ReviewError, Verdict, deny
-from hami.observability import PLACEMENTS, POLICY_RESULTS, defer_line, get_logger
+from hami.observability import PLACEMENT_RESULTS, POLICY_RESULTS, defer_line, get_logger
 from hami.placement.decision import Decision
 from hami.placement.engine import place
 from hami.queue import reservation_items, usage_of
@@ -141,7 +141,7 @@ class Decider:
             return Outcome(Verdict(True, warnings=warnings), "allowed", fields)
         scheduler = template.spec.get("schedulerName")
         if isinstance(scheduler, str) and scheduler in cfg.mutation.hands_off_schedulers:
-            PLACEMENTS.labels("none", "hands_off").inc()
+            PLACEMENT_RESULTS("none", "hands_off").inc()
             fields["placement"] = f"left to {scheduler}"
             return Outcome(Verdict(True, warnings=warnings), "allowed", fields)
         node_name = template.spec.get("nodeName") if isinstance(template.spec.get("nodeName"), str) else None
@@ -167,7 +167,7 @@ class Decider:
             if self.runtime.placement_index is index:  # a rebuilt index synced from the ledger already
                 index.remove_usage(usage)
             attempts += 1
-            PLACEMENTS.labels(decision.policy, "reserve_conflict").inc()
+            PLACEMENT_RESULTS(decision.policy, "reserve_conflict").inc()
             if attempts >= RESERVE_ATTEMPTS:
                 await self._forget(key, maybe_written)
                 return Outcome(
@@ -185,7 +185,7 @@ class Decider:
         if not decision.fits:
             await self._forget(key, maybe_written)
             return self._no_fit(pod, ask, decision, node_name, warnings, fields)
-        PLACEMENTS.labels(decision.policy, "placed").inc()
+        PLACEMENT_RESULTS(decision.policy, "placed").inc()
         if not request.dry_run:
             self.runtime.shapes.observe(decision, ask, self.runtime.snapshot)
         if cfg.mutation.placement == "shortlist":
@@ -227,15 +227,15 @@ class Decider:
         cfg = self.runtime.config.mutation
         reason = decision.deny_message()
         if node_name:
-            PLACEMENTS.labels(decision.policy, "preset_node_no_fit").inc()
+            PLACEMENT_RESULTS(decision.policy, "preset_node_no_fit").inc()
             return Outcome(
                 deny(f"spec.nodeName={node_name} cannot host this pod: {reason}", warnings=warnings), "denied", fields
             )
         if ask.priority >= cfg.allow_priority_at_or_above:
-            PLACEMENTS.labels(decision.policy, "no_fit_priority").inc()
+            PLACEMENT_RESULTS(decision.policy, "no_fit_priority").inc()
             note = f"{reason}; priority {ask.priority} left to kube-scheduler preemption"
             return Outcome(Verdict(True, warnings=warnings, patch=mutation.note_patch(pod, note)), "patched", fields)
-        PLACEMENTS.labels(decision.policy, f"no_fit_{cfg.on_no_fit}").inc()
+        PLACEMENT_RESULTS(decision.policy, f"no_fit_{cfg.on_no_fit}").inc()
         if cfg.on_no_fit == "allow":
             note = f"{reason}; admitted per on_no_fit=allow, kube-scheduler decides"
             return Outcome(Verdict(True, warnings=warnings, patch=mutation.note_patch(pod, note)), "patched", fields)

@@ -21,6 +21,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector as RegistryCollector
 from prometheus_client.utils import floatToGoString
 
+from hami.metric_children import Children
+
 # 100 µs .. 1 s: admissions live in the sub-millisecond range, timeouts at seconds.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -100,6 +102,7 @@ PLACEMENTS = Counter(
     "Placement outcomes for GPU pods: placed, no_fit, hands_off, preset_node, reserve_conflict.",
     ["policy", "result"],
 )
+PLACEMENT_RESULTS: Children[Counter] = Children(PLACEMENTS)  # PLACEMENTS' children, looked up once
 
 
 class LineBuffer:

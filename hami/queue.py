@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from hami import mutation
 from hami.config import Config
-from hami.observability import PLACEMENTS, get_logger
+from hami.observability import PLACEMENT_RESULTS, get_logger
 from hami.placement.decision import Decision
 from hami.placement.engine import place
 from hami.placement.index import PlacementIndex
@@ -279,7 +279,7 @@ class GateKeeper:
         key = f"{q.key}#{self.token}"
         result = await ledger.reserve(key, plan.items)
         if not result.ok:  # another replica (or an admission) took the room since the overlay was read
-            PLACEMENTS.labels(plan.decision.policy, "ungate_reserve_conflict").inc()
+            PLACEMENT_RESULTS(plan.decision.policy, "ungate_reserve_conflict").inc()
             log.info("queue.reserve_refused", pod=q.key, reason=result.reason)
             return False
         patch = ungate_patch(plan, key, cfg.mutation.scheduling_gate, cfg.mutation.topology_key)
@@ -288,11 +288,11 @@ class GateKeeper:
         except Exception as exc:  # 422: the gate moved (another replica won); 404: deleted; else: API trouble
             await ledger.release(key)
             status = getattr(exc, "status", None)
-            PLACEMENTS.labels(plan.decision.policy, "ungate_patch_failed").inc()
+            PLACEMENT_RESULTS(plan.decision.policy, "ungate_patch_failed").inc()
             log.info("queue.patch_failed", pod=q.key, status=status, error=None if status else repr(exc))
             return False
         self._ungated[q.key] = key
-        PLACEMENTS.labels(plan.decision.policy, "ungated").inc()
+        PLACEMENT_RESULTS(plan.decision.policy, "ungated").inc()
         log.info("queue.ungated", pod=q.key, node=plan.decision.node, devices=[d.uuid for d in plan.decision.devices])
         return True
 

@@ -314,7 +314,7 @@ class InProcessLedger:
 
     async def reserve(self, key: str, items: Sequence[ReservationItem], ttl_s: float | None = None) -> ReserveResult:
         result = self.reserve_now(key, items, ttl_s)
-        metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
+        metrics.RESERVATION_RESULTS("ok" if result.ok else "refused").inc()
         return result
 
     def release_now(self, key: str) -> bool:
@@ -503,7 +503,7 @@ class RedisLedger:
                 # same key, which replaces itself); only a run of timeouts means Redis is gone.
                 self._timeouts += 1
                 if self._timeouts < TIMEOUTS_BEFORE_DOWN or not self._silent_long_enough():
-                    metrics.LEDGER_RESERVATIONS.labels("timeout").inc()
+                    metrics.RESERVATION_RESULTS("timeout").inc()
                     return ReserveResult(False, "", "redis reservation timed out", "redis", maybe_written=True)
                 self._mark(False, exc)
             except _REDIS_DOWN as exc:
@@ -511,7 +511,7 @@ class RedisLedger:
             else:
                 self._timeouts = 0
                 self._answered()
-                metrics.LEDGER_RESERVATIONS.labels("ok" if result.ok else "refused").inc()
+                metrics.RESERVATION_RESULTS("ok" if result.ok else "refused").inc()
                 if not result.ok and result.refused_uuid:
                     # Another replica took the room: the caller places again, on an overlay that knows it.
                     with contextlib.suppress(*_REDIS_DOWN):
@@ -520,7 +520,7 @@ class RedisLedger:
         # Other replicas' last known reservations count too: the fallback must not double-book them.
         others = self._remote.used_on({it.uuid for it in items}, key, self._clock())
         result = self._fallback.reserve_now(key, items, ttl, base=others)
-        metrics.LEDGER_RESERVATIONS.labels("fallback_ok" if result.ok else "fallback_refused").inc()
+        metrics.RESERVATION_RESULTS("fallback_ok" if result.ok else "fallback_refused").inc()
         return ReserveResult(result.ok, result.refused_uuid, result.reason, "fallback")
 
     async def release(self, key: str) -> None:

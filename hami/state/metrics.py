@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from hami.metric_children import Children
+
 # Per node: hami_webhook_node_breaker_state, hami_webhook_gpu_memory_promised_mib and
 # hami_webhook_gpu_memory_used_mib are made at scrape time (hami/state/node_metrics.py).
 NODE_QUERY_ERRORS = Counter(
@@ -16,6 +18,7 @@ LEDGER_RESERVATIONS = Counter(
     "Reservation attempts by result (ok, refused, fallback_ok, fallback_refused)",
     ["result"],
 )
+RESERVATION_RESULTS: Children[Counter] = Children(LEDGER_RESERVATIONS)  # its children, looked up once
 DEGRADATION_TRANSITIONS = Counter(
     "hami_webhook_degradation_transitions_total",
     "State transitions of a dependency (what: node, prometheus, redis, kube) to a state (to)",
