@@ -198,32 +198,9 @@ def base_devs(node: Node, settings: PlacementSettings) -> tuple[DevRec, ...]:
     return tuple(devs)
 
 
-def node_rec(
-    node: Node,
-    rank: int,
-    settings: PlacementSettings,
-    applied: Mapping[str, DeviceUsage] | None = None,
-    base: tuple[DevRec, ...] | None = None,
-) -> NodeRec:
-    """The node's record with `applied` usage taken off its devices (as `device_view` does);
-    `base` is `base_devs(node, settings)` when the caller has it already."""
-    devs = base_devs(node, settings) if base is None else base
-    if applied:
-        out = []
-        for d in devs:
-            r = applied.get(d.uuid)
-            if r is not None:
-                d = DevRec(
-                    d.uuid,
-                    d.total,
-                    max(0, d.free - r.memory_mib),
-                    d.cores_free - r.cores,
-                    d.pods + r.pods,
-                    d.ok,
-                    d.model,
-                )
-            out.append(d)
-        devs = tuple(out)
+def base_rec(node: Node, rank: int, settings: PlacementSettings) -> NodeRec:
+    """The node's record as the snapshot has it (no applied usage): kept per node by the index."""
+    devs = base_devs(node, settings)
     pods = cores = used = total = 0
     max_free = max_cores = 0
     card = -1
@@ -238,11 +215,10 @@ def node_rec(
             max_cores = d.cores_free
         if card < 0 or d.total < card:
             card = d.total
-    tier = _TIERS.get(node.freshness, TIER_UNKNOWN)
     return NodeRec(
         node.name,
         rank,
-        tier,
+        _TIERS.get(node.freshness, TIER_UNKNOWN),
         (len(devs), max(card, 0)),
         devs,
         pods,
@@ -253,6 +229,56 @@ def node_rec(
         max_cores,
         node.cpu_milli_free,
         node.memory_mib_free,
+    )
+
+
+def with_applied(base: NodeRec, applied: Mapping[str, DeviceUsage]) -> NodeRec:
+    """`base` with the applied usage of its devices taken off; `base` itself when none has any."""
+    changed = [i for i, d in enumerate(base.devs) if d.uuid in applied]
+    return moved(base, base, changed, applied) if changed else base
+
+
+def moved(old: NodeRec, base: NodeRec, positions: Iterable[int], applied: Mapping[str, DeviceUsage]) -> NodeRec:
+    """`old` (`base` with some applied usage) with the devices at `positions` brought up to date
+    with `applied`. Runs after every reservation and its expiry, so only the changed devices are
+    rebuilt and the sums move by their difference instead of being recounted over the node."""
+    devs = list(old.devs)
+    pods, cores, used = old.pods, old.cores, old.used_mem
+    for i in positions:
+        b = base.devs[i]
+        r = applied.get(b.uuid)
+        d = (
+            b
+            if r is None
+            else DevRec(
+                b.uuid, b.total, max(0, b.free - r.memory_mib), b.cores_free - r.cores, b.pods + r.pods, b.ok, b.model
+            )
+        )
+        was = devs[i]
+        devs[i] = d
+        pods += d.pods - was.pods
+        cores += was.cores_free - d.cores_free
+        used += was.free - d.free
+    max_free = max_cores = 0
+    for d in devs:
+        if d.free > max_free:
+            max_free = d.free
+        if d.cores_free > max_cores:
+            max_cores = d.cores_free
+    return NodeRec(
+        base.name,
+        base.rank,
+        base.tier,
+        base.group,
+        tuple(devs),
+        pods,
+        cores,
+        used,
+        base.total_mem,
+        max_free,
+        max_cores,
+        base.cpu_free,
+        base.memory_free,
     )
 
 
@@ -280,6 +306,7 @@ class PlacementIndex:
         self.nodes: dict[str, Node] = {}
         self.classes: dict[int, NodeClass] = {}
         self.uuid_node: dict[str, str] = {}
+        self._position: dict[str, int] = {}  # uuid -> its device's position in the node's record
         self._class_of_key: dict[Hashable, int] = {}
         self._key_of_class: dict[int, Hashable] = {}  # to forget a key when its class empties
         self._class_of_node: dict[str, int] = {}
@@ -291,7 +318,7 @@ class PlacementIndex:
         self.memos: OrderedDict[Hashable, dict[str, tuple[NodeRec, tuple[int, str, int] | float]]] = OrderedDict()
         self._per_shape: OrderedDict[Hashable, Any] = OrderedDict()
         self.recs: dict[str, NodeRec] = {}
-        self._base: dict[str, tuple[DevRec, ...]] = {}  # per node: its devices without applied usage
+        self._base: dict[str, NodeRec] = {}  # per node: its record without applied usage
         # Per list: (binpack order, spread order) of (sort key, rank); ties by rank in both.
         self.lists: dict[ListKey, tuple[list[tuple[float, int]], list[tuple[float, int]]]] = {}
         self.evaluations = 0  # nodes checked by the best-first search (tests bound it)
@@ -366,9 +393,11 @@ class PlacementIndex:
         if previous is not None:
             for g in previous.gpus:
                 self.uuid_node.pop(g.uuid, None)
+                self._position.pop(g.uuid, None)
         self.nodes[name] = node
-        for g in node.gpus:
+        for position, g in enumerate(node.gpus):
             self.uuid_node[g.uuid] = name
+            self._position[g.uuid] = position
         key = state_key(node)
         cid = self._class_of_key.get(key)
         if cid is None or cid not in self.classes:
@@ -390,8 +419,9 @@ class PlacementIndex:
         self._base.pop(name, None)  # a new state: its devices are read again
         self._file(node, rank)
 
-    def _file(self, node: Node, rank: int) -> None:
-        """Move the node's record into the candidate list its new figures belong to."""
+    def _file(self, node: Node, rank: int, changed: list[int] | None = None) -> None:
+        """Move the node's record into the candidate list its new figures belong to. `changed`:
+        the positions of the only devices whose applied usage changed since its record was made."""
         old = self.recs.get(node.name)
         if old is not None:
             key = _list_key(old)
@@ -403,8 +433,13 @@ class PlacementIndex:
                 del self.lists[key]
         base = self._base.get(node.name)
         if base is None or self.nodes.get(node.name) is not node:
-            base = self._base[node.name] = base_devs(node, self.settings)
-        rec = self.recs[node.name] = node_rec(node, rank, self.settings, self.applied, base)
+            base = self._base[node.name] = base_rec(node, rank, self.settings)
+            changed = None  # a new state: every device is read again
+        if changed is not None and old is not None:
+            rec = moved(old, base, changed, self.applied)
+        else:
+            rec = with_applied(base, self.applied) if self.applied else base
+        self.recs[node.name] = rec
         binpack, spread = self.lists.setdefault(_list_key(rec), ([], []))
         score = usage_score(rec, self._split)
         bisect.insort(binpack, (-score, rank))
@@ -415,7 +450,7 @@ class PlacementIndex:
         and re-file only the nodes they belong to. Returns how many nodes moved. O(devices changed).
 
         A UUID of a node the index does not know yet is kept, and applied when the node arrives."""
-        touched: set[str] = set()
+        touched: dict[str, list[int]] = {}  # node -> positions of its changed devices
         applied = self.applied
         for uuid, usage in changes.items():
             if is_empty_usage(usage):
@@ -428,9 +463,12 @@ class PlacementIndex:
                 applied[uuid] = usage
             name = self.uuid_node.get(uuid)
             if name is not None:
-                touched.add(name)
+                touched.setdefault(name, []).append(self._position[uuid])
         self.last_synced = None  # `applied` no longer equals that mapping
-        self._refile(touched)
+        for name, positions in touched.items():
+            node = self.nodes.get(name)
+            if node is not None:
+                self._file(node, self.rank[name], positions)
         return len(touched)
 
     def add_usage(self, shares: Mapping[str, DeviceUsage]) -> int:
@@ -470,12 +508,6 @@ class PlacementIndex:
         self.last_synced = overlay
         return moved
 
-    def _refile(self, names: Iterable[str]) -> None:
-        for name in names:
-            node = self.nodes.get(name)
-            if node is not None:
-                self._file(node, self.rank[name])
-
     def class_of(self, name: str) -> int:
         return self._class_of_node.get(name, -1)
 
@@ -491,8 +523,8 @@ def _lru(cache: OrderedDict[Hashable, Any], key: Hashable, build: Callable[[], A
         found = cache[key] = build()
         if len(cache) > limit:
             cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
+    elif next(reversed(cache)) != key:  # the pods of one workload come in a row: already the newest
+        cache.move_to_end(key)  # (an equality test of the keys' parts, no hashing of them again)
     return found
 
 
