@@ -159,9 +159,7 @@ def quick(rec: NodeRec, a: Ask, settings: PlacementSettings) -> Rejection | floa
     for health, type, pods, cores, memory and capacity (a necessary condition for the rest), in one
     pass over the devices: each stage keeps the devices that passed the ones before. The record
     already carries the index's applied reservations."""
-    if rec.cpu_free is not None and rec.cpu_free < a.cpu:
-        return (STAGE_NODE, "host-resources", 0)
-    if rec.memory_free is not None and rec.memory_free < a.memory:
+    if not _host_fits(rec, a):
         return (STAGE_NODE, "host-resources", 0)
     limit = settings.max_pods_per_gpu
     whole, min_cores, single, typed_ask = a.whole, a.min_cores, a.single, a.typed
@@ -225,12 +223,16 @@ def quick_verdict(rec: NodeRec, a: Ask, settings: PlacementSettings, tier: int, 
     limit = settings.max_pods_per_gpu
     split = max(1, limit)
     order = []
+    typed, min_cores = a.typed, a.min_cores
+    card = min_mem = mem = -1  # the per-card asks of the last card size seen (a node's cards are usually alike)
     for pos, d in enumerate(rec.devs):
-        if not d.ok or (a.typed and not a.type_ok(d.model)) or d.pods >= limit:
+        if not d.ok or (typed and not a.type_ok(d.model)) or d.pods >= limit:
             continue  # device_health, device_type, device_pods
-        if d.cores_free < a.min_cores or d.free < a.min_mem(d.total):
+        if d.total != card:
+            card = d.total
+            min_mem, mem = a.min_mem(card), a.one_mem(card)
+        if d.cores_free < min_cores or d.free < min_mem:
             continue  # device_cores, device_memory
-        mem = a.one_mem(d.total)
         if whole:
             if not (d.pods == 0 and d.cores_free == 100 and d.free >= d.total):
                 continue  # device_pods and device_fits both want an empty card
@@ -253,6 +255,11 @@ def quick_verdict(rec: NodeRec, a: Ask, settings: PlacementSettings, tier: int, 
     )
     assignment = tuple((0, pos, mem, cores) for _, pos, mem in taken)
     return NodeEval(True, node_score if binpack else -node_score, 0.0, tier, assignment=assignment)
+
+
+def _host_fits(rec: NodeRec, a: Ask) -> bool:
+    """The quick check's first stage: the node's free host CPU and memory (where tracked)."""
+    return (rec.cpu_free is None or rec.cpu_free >= a.cpu) and (rec.memory_free is None or rec.memory_free >= a.memory)
 
 
 def _score(rec: NodeRec, a: Ask, split: int) -> float:
@@ -411,12 +418,19 @@ def best_first(
             push(heap, (tier, sortkey + per_group[rec.group][1], nxt, seq, 3, order, pos + 1))
         checked += 1
         found.considered += 1
+        verdict: NodeEval | None = None
+        judged = False  # quick_verdict ran for this node already
         if q is None:
             hit = memo.get(name) if memo is not None else None
             if hit is not None and hit[0] is rec:
                 q = hit[1]
             else:
-                q = quick(rec, a, settings)
+                if exact and single is not None and not ranked and _host_fits(rec, a):
+                    # The likely winner, unseen in this state: its full verdict scans the devices
+                    # anyway, and a fit there is exactly the quick check's pass, whose answer is
+                    # then the score. Only a node that does not fit needs `quick` for its reason.
+                    verdict, judged = quick_verdict(rec, a, settings, tier, binpack), True
+                q = _score(rec, a, split) if verdict is not None else quick(rec, a, settings)
                 if memo is not None:
                     memo[name] = (rec, q)
         if not isinstance(q, float):  # (the memo has it: every verdict is stored where it is made)
@@ -426,13 +440,13 @@ def best_first(
             else:
                 _reject(rec, q, a, found, index)
             continue
-        verdict: NodeEval | None = None
         if exact and single is not None:
             if ranked:
                 # Runners-up only explain the decision: the quick check is the whole verdict here.
                 ranked.append((NodeEval(True, score=-neg, tier=tier), name))
                 continue
-            verdict = quick_verdict(rec, a, settings, tier, binpack)
+            if not judged:
+                verdict = quick_verdict(rec, a, settings, tier, binpack)
         if verdict is None:
             verdict = evaluate(index.nodes[name])
         if not verdict.fits:
