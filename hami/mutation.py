@@ -122,12 +122,13 @@ def preferred_affinity_ops(spec: Mapping[str, Any], nodes: Sequence[str], key: s
 
 def device_env(devices: Sequence[Any]) -> list[tuple[str, str]]:
     """HAMi-core's variables for one container's devices (memory limit per visible index)."""
-    values = [
-        ("NVIDIA_VISIBLE_DEVICES", ",".join(d.uuid for d in devices)),
-        ("HAMI_VGPU_UUID", ",".join(d.uuid for d in devices)),
-    ]
-    values += [(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", f"{d.memory_mib}m") for i, d in enumerate(devices)]
-    cores = max((d.cores for d in devices), default=0)
+    uuids = ",".join([d.uuid for d in devices])
+    values = [("NVIDIA_VISIBLE_DEVICES", uuids), ("HAMI_VGPU_UUID", uuids)]
+    cores = 0
+    for i, d in enumerate(devices):  # one plain loop: every GPU admission runs this
+        values.append((f"CUDA_DEVICE_MEMORY_LIMIT_{i}", f"{d.memory_mib}m"))
+        if d.cores > cores:
+            cores = d.cores
     if cores and cores < 100:
         values.append(("CUDA_DEVICE_SM_LIMIT", str(cores)))
     return values
@@ -135,9 +136,11 @@ def device_env(devices: Sequence[Any]) -> list[tuple[str, str]]:
 
 def devices_annotation(devices_by_container: Sequence[Sequence[Any]]) -> str:
     """HAMi's format: 'UUID,NVIDIA,memMiB,cores:' per device, ';' after each container."""
-    return "".join(
-        "".join(f"{d.uuid},NVIDIA,{d.memory_mib},{d.cores}:" for d in devices) + ";" for devices in devices_by_container
-    )
+    parts = []
+    for devices in devices_by_container:
+        parts.extend([f"{d.uuid},NVIDIA,{d.memory_mib},{d.cores}:" for d in devices])
+        parts.append(";")
+    return "".join(parts)
 
 
 def pin_patch(pod: Mapping[str, Any], decision: Any, reservation_key: str, topology_key: str = HOSTNAME_KEY) -> Patch:
@@ -149,14 +152,15 @@ def pin_patch(pod: Mapping[str, Any], decision: Any, reservation_key: str, topol
     for device in decision.devices:
         by_container.setdefault(device.container_index, []).append(device)
     ops = required_affinity_ops(spec, {"key": topology_key, "operator": "In", "values": [decision.node]})
-    for index in sorted(by_container):
+    indices = sorted(by_container)
+    for index in indices:
         ops += env_ops(containers[index], index, device_env(by_container[index]))
     ops += annotation_ops(
         metadata,
         {
             INJECTED: "true",
             NODE: decision.node,
-            DEVICES: devices_annotation([by_container[i] for i in sorted(by_container)]),
+            DEVICES: devices_annotation([by_container[i] for i in indices]),
             DECISION: decision.explain(),
             RESERVATION: reservation_key,
         },

@@ -235,7 +235,7 @@ def _decision(
         score=verdict.score,
         considered=considered,
         filtered=MappingProxyType(dict(filtered)),
-        runners_up=tuple(_why_lost(v, n, verdict) for v, n in ranked[1:]),
+        runners_up=_runners_up(ranked, verdict),
         stale=node.freshness == Freshness.STALE,
     )
 
@@ -355,11 +355,19 @@ def _random_pick(
     return []
 
 
-def _why_lost(v: NodeEval, name: str, best: NodeEval) -> NodeVerdict:
+def _runners_up(ranked: list[tuple[NodeEval, str]], best: NodeEval) -> tuple[NodeVerdict, ...]:
+    if len(ranked) < 2:
+        return ()
+    best_score = f"{best.score:.2f}"  # formatted once: each runner-up's reason quotes it
+    return tuple([_why_lost(v, n, best, best_score) for v, n in ranked[1:]])
+
+
+def _why_lost(v: NodeEval, name: str, best: NodeEval, best_score: str) -> NodeVerdict:
+    """`best_score` is the winner's score as the reasons print it."""
     if v.tier > best.tier:
         why = "stale state or unknown utilisation, ranked lower"
     elif v.score < best.score:
-        why = f"score {v.score:.2f} < {best.score:.2f}"
+        why = f"score {v.score:.2f} < {best_score}"
     elif v.tiebreak < best.tiebreak:
         why = f"equal score, weaker secondary preference ({v.tiebreak:.1f} < {best.tiebreak:.1f})"
     else:

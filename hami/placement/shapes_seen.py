@@ -26,13 +26,13 @@ class ShapeTracker:
 
     def observe(self, decision: Decision, request: GpuRequest, snapshot: Snapshot) -> None:
         node = snapshot.node(decision.node or "")
-        cards = {g.uuid: g.memory_total_mib for g in node.gpus} if node else {}
         for container in request.containers:
-            devices = [d for d in decision.devices if d.container_index == container.index]
-            if not devices:
+            first = next((d for d in decision.devices if d.container_index == container.index), None)
+            if first is None:
                 continue
-            total = cards.get(devices[0].uuid) or 0
-            memory_share = devices[0].memory_mib * MILLI // total if total else MILLI
+            # The card's size from the snapshot: a scan of the node's handful of cards, no dict.
+            total = next((g.memory_total_mib for g in node.gpus if g.uuid == first.uuid), 0) if node else 0
+            memory_share = first.memory_mib * MILLI // total if total else MILLI
             core_share = container.cores * MILLI // 100 if container.cores else 0
             milli = min(MILLI, max(memory_share, core_share))
             self._recent.append(Shape(container.count, MILLI if container.count > 1 else round(milli, -1)))
