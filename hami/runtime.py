@@ -122,7 +122,9 @@ class Runtime:
         for i, node in enumerate(snapshot.nodes):
             if i % INDEX_YIELD_EVERY == INDEX_YIELD_EVERY - 1:
                 await asyncio.sleep(0)
-            if index.nodes.get(node.name) != node:
+            old = index.nodes.get(node.name)
+            # A new reading carries a new observed_at: unequal without comparing every GPU's fields.
+            if old is not node and (old is None or old.observed_at != node.observed_at or old != node):
                 index.update_node(node)
         index.snapshot = snapshot
         self.sync_overlay(force=True)  # expiries and releases since: off the request path
