@@ -26,6 +26,7 @@ from hami.node.simspec import GpuSpec, NodeSpec, load_specs
 Clock = Callable[[], float]  # simulated seconds since the simulation started
 _HANG_POLL_S = 0.05  # how often a hung read looks whether its fault was cleared
 _NOTHING: frozenset[str] = frozenset()
+_NO_ECC_ERRORS = EccCounts(0, 0, 0, 0)  # frozen: the one record every healthy card shares
 
 
 class SimClock:
@@ -62,10 +63,6 @@ def gpu_uuid(node: str, index: int) -> str:
     the webhook's in-process default see the same UUIDs whatever seed an agent runs with."""
     digest = hashlib.blake2b(f"{node}/{index}".encode(), digest_size=16).digest()
     return f"GPU-{uuid.UUID(bytes=digest)}"
-
-
-def _clamp(value: float, low: float, high: float) -> float:
-    return min(high, max(low, value))
 
 
 class SimulatedNode:
@@ -158,10 +155,10 @@ class SimulatedNode:
             )
         used_raw, util_gpu_at, util_mem_at, temperature_at, power_at = at_t
         total = g.memory_total_mib
-        used = int(_clamp(used_raw, 0, total))
-
-        util_gpu = _clamp(util_gpu_at + n_util * jitter.utilisation, 0, 100)
-        util_mem = _clamp(util_mem_at + n_mem * jitter.utilisation, 0, 100)
+        # Clamped inline (min of max): this runs for every card of every sweep of the fleet.
+        used = int(min(total, max(0, used_raw)))
+        util_gpu = min(100, max(0, util_gpu_at + n_util * jitter.utilisation))
+        util_mem = min(100, max(0, util_mem_at + n_mem * jitter.utilisation))
         spike = sum(f.temp_spike_c for f in hitting) if hitting else 0
         temperature = temperature_at + spike + n_temp * jitter.temperature_c
         power: float | None = None
@@ -175,9 +172,12 @@ class SimulatedNode:
 
         ecc = None
         if g.ecc and "ecc" not in unsupported:
-            corrected = sum(f.ecc_corrected for f in hitting)
-            uncorrected = sum(f.ecc_uncorrected for f in hitting)
-            ecc = EccCounts(corrected, uncorrected, corrected, uncorrected)
+            if hitting:
+                corrected = sum(f.ecc_corrected for f in hitting)
+                uncorrected = sum(f.ecc_uncorrected for f in hitting)
+                ecc = EccCounts(corrected, uncorrected, corrected, uncorrected)
+            else:
+                ecc = _NO_ECC_ERRORS
         temperature_c = None if "temperature" in unsupported else round(temperature, 1)
         healthy, reason = verdict(ecc=ecc, temperature_c=temperature_c, memory_readable=True, settings=self._health)
         return GpuStatus(
