@@ -20,9 +20,10 @@ of a lone container is judged from its record as well (`quick_verdict`, equal to
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from hami.placement.decision import NodeVerdict
 from hami.placement.evaluate import STAGE_DEVICES, STAGE_FIT, STAGE_NODE, NodeEval, closeness_key, device_context
@@ -277,7 +278,8 @@ class Found:
     """What the search found: feasible nodes in ranking order, and what it rejected on the way."""
 
     ranked: list[tuple[NodeEval, str]] = field(default_factory=list)
-    filtered: Counter[str] = field(default_factory=Counter)
+    # A defaultdict, not a Counter: both count from 0, and this one is made and filled in C.
+    filtered: defaultdict[str, int] = field(default_factory=partial(defaultdict, int))
     considered: int = 0
     # (closeness_key, name, verdict or None when only the quick check judged it)
     rejects: list[tuple[tuple[bool, int, int, int], str, NodeEval | None]] = field(default_factory=list)

@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hami.state import metrics
-from hami.state.model import DeviceUsage, NamespaceUsage, ReservationItem, quota_usage
+from hami.state.model import DeviceUsage, NamespaceUsage, ReservationItem, quota_cores
 from hami.state.redis_batch import ScriptBatcher
 from hami.state.settings import LedgerSettings
 from hami.tasks import cancel_and_wait
@@ -162,9 +162,8 @@ class _Shares(NamedTuple):
 def _shares(r: Reservation, per_device: dict[str, _Need] | None = None) -> _Shares:
     memory = cores = 0
     for it in r.items:
-        q = quota_usage(it.memory_mib, it.cores)
-        memory += q.memory_mib
-        cores += q.cores
+        memory += it.memory_mib
+        cores += quota_cores(it.cores)
     return _Shares(
         needs(r.items) if per_device is None else per_device,
         tuple((it.uuid, it.workload_type) for it in r.items if it.workload_type),

@@ -102,9 +102,14 @@ class NamespaceUsage:
 
 
 def quota_usage(memory_mib: int, cores: int) -> NamespaceUsage:
-    """What one device share counts against a quota: a share with no SM limit uses the whole
-    device's compute, so it counts as 100% cores (the validation rule's reading of HAMi's default)."""
-    return NamespaceUsage(memory_mib, cores if cores > 0 else 100, 1)
+    """What one device share counts against a quota (see `quota_cores`)."""
+    return NamespaceUsage(memory_mib, quota_cores(cores), 1)
+
+
+def quota_cores(cores: int) -> int:
+    """A share with no SM limit uses the whole device's compute, so it counts as 100% cores
+    against a quota (the validation rule's reading of HAMi's default)."""
+    return cores if cores > 0 else 100
 
 
 @dataclass(frozen=True, slots=True)
