@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,27 @@ def test_bootstrap_interval_brackets_the_median_and_is_reproducible() -> None:
     assert min(values) <= low <= 0.735 <= high <= max(values)
     assert bootstrap_median_ci(values) == (low, high)  # seeded
     assert bootstrap_median_ci([0.7] * 5) == (0.7, 0.7)
+
+
+def run_cost(*args: str) -> dict[str, Any]:
+    command = [sys.executable, str(ROOT / "bench" / "admission_cost.py"), "--nodes", "40", "--json", *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_admission_cost_counts_the_same_for_the_same_code() -> None:
+    """The point of counting: two runs of unchanged code agree exactly, so small changes show."""
+    first = run_cost("--admissions", "30", "--top", "5")
+    assert first["last_result"] == "patched", first  # the pods were placed, not denied
+    assert first["bytecodes_per_admission"] > 1000 and first["python_calls_per_admission"] > 10, first
+    assert len(first["top"]) == 5 and first["top"][0]["bytecodes_per_admission"] > 0, first
+    second = run_cost("--admissions", "30", "--top", "5")
+    assert second["bytecodes_per_admission"] == first["bytecodes_per_admission"], (first, second)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_admission_cost_counts_instructions_under_valgrind() -> None:
+    report = run_cost("--admissions", "20", "--instructions")
+    assert report["instructions_per_admission"] > report["bytecodes_per_admission"] > 0, report
