@@ -3,8 +3,9 @@ admission, by function, and (under valgrind, when it is installed) machine instr
 
 This machine's clock drifts: the null handler's throughput moves by 2x within seconds, so a change
 of 5% in the webhook's own work is invisible in req/s short of hundreds of paired rounds. A count is
-exact and repeatable: the same code counts the same to within a tenth of a percent, so two commits
-can be compared in one run each. What it measures is the handler's path without aiohttp and TLS
+repeatable: the same code counts the same to within a tenth of a percent (the one thing that follows
+the clock is the decision line's timestamp, whose date part is formatted again each second), so
+two commits can be compared in one run each. What it measures is the handler's path without aiohttp and TLS
 (the null handler pays those too): `decode_review`, `Decider.decide` with its reservation,
 `encode_review`, the request metrics and the decision log line, for `--admissions` GPU pods (the
 8 GiB slice of bench/admission.py) on the same simulated fleet of `--nodes` nodes.

@@ -73,13 +73,16 @@ def run_cost(*args: str) -> dict[str, Any]:
 
 
 def test_admission_cost_counts_the_same_for_the_same_code() -> None:
-    """The point of counting: two runs of unchanged code agree exactly, so small changes show."""
+    """The point of counting: two runs of unchanged code agree, so small changes show. Not to the
+    last bytecode: the decision line's timestamp formats its date part again whenever the clock
+    crosses a second (hami/observability.py: iso_utc), some 20 bytecodes each time."""
     first = run_cost("--admissions", "30", "--top", "5")
     assert first["last_result"] == "patched", first  # the pods were placed, not denied
     assert first["bytecodes_per_admission"] > 1000 and first["python_calls_per_admission"] > 10, first
     assert len(first["top"]) == 5 and first["top"][0]["bytecodes_per_admission"] > 0, first
     second = run_cost("--admissions", "30", "--top", "5")
-    assert second["bytecodes_per_admission"] == first["bytecodes_per_admission"], (first, second)
+    drift = abs(second["bytecodes_per_admission"] - first["bytecodes_per_admission"])
+    assert drift <= 0.0005 * first["bytecodes_per_admission"], (first, second)
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
