@@ -322,13 +322,8 @@ def measure(
     proc, log = start_server(name, server_cmd, port, tmp, server_core)
     try:
         url = f"https://127.0.0.1:{port}/{endpoint}"
-        use_wrk = shutil.which("wrk") and not args.rate and not args.no_wrk
         if args.warmup:
-            (
-                run_wrk(url, body, args.concurrency, args.warmup, load_core, tmp)
-                if use_wrk
-                else run_aiohttp(url, body, args.concurrency, args.warmup, 0, load_core)
-            )
+            _load(url, body, args, load_core, tmp, args.warmup, 0)
         # The collector's background work (sweeping the simulated fleet, moving nodes in the
         # placement index) costs CPU whether or not admissions arrive: measure its rate while
         # idle, so the report can separate it from what one admission costs.
@@ -336,11 +331,7 @@ def measure(
         time.sleep(args.idle_s)
         background_rate = (cpu_seconds(proc.pid) - idle_cpu) / (time.perf_counter() - idle_start)
         cpu_before = cpu_seconds(proc.pid)
-        result = (
-            run_wrk(url, body, args.concurrency, args.seconds, load_core, tmp)
-            if use_wrk
-            else run_aiohttp(url, body, args.concurrency, args.seconds, args.rate, load_core)
-        )
+        result = _load(url, body, args, load_core, tmp, args.seconds, args.rate)
         cpu_used = cpu_seconds(proc.pid) - cpu_before
         result["cpu_us_per_admission"] = cpu_used / max(1, result["requests"]) * 1e6
         net = max(0.0, cpu_used - background_rate * result["seconds"])
@@ -350,7 +341,7 @@ def measure(
         result["answers"] = answer_mix(url, body)
         if name == "webhook":
             result["ledger_results"] = ledger_results(port)
-        result["load_generator"] = "wrk" if use_wrk else "aiohttp"
+        result["load_generator"] = "wrk" if _uses_wrk(args) else "aiohttp"
         return result
     finally:
         stop_server(proc, log)
@@ -469,11 +460,18 @@ def run_round(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _window(url: str, body: Path, args: argparse.Namespace, core: int | None, tmp: Path) -> dict[str, Any]:
-    use_wrk = shutil.which("wrk") and not args.rate and not args.no_wrk
-    if use_wrk:
-        return run_wrk(url, body, args.concurrency, args.seconds, core, tmp)
-    return run_aiohttp(url, body, args.concurrency, args.seconds, args.rate, core)
+def _uses_wrk(args: argparse.Namespace) -> bool:
+    """wrk drives closed-loop runs where it is installed; a fixed rate needs the aiohttp client."""
+    return bool(shutil.which("wrk")) and not args.rate and not args.no_wrk
+
+
+def _load(
+    url: str, body: Path, args: argparse.Namespace, core: int | None, tmp: Path, seconds: float, rate: float
+) -> dict[str, Any]:
+    """One load window of `seconds` from the load generator `_uses_wrk` picks."""
+    if _uses_wrk(args):
+        return run_wrk(url, body, args.concurrency, seconds, core, tmp)
+    return run_aiohttp(url, body, args.concurrency, seconds, rate, core)
 
 
 def bootstrap_median_ci(values: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -524,9 +522,8 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
             logs.append(log)
         urls = {name: f"https://127.0.0.1:{server_port}/{args.endpoint}" for name, (_, server_port) in commands.items()}
         if args.warmup:
-            warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup})
             for name in procs:
-                _window(urls[name], body, warm, load_core, tmp)
+                _load(urls[name], body, args, load_core, tmp, args.warmup, args.rate)
         windows: dict[str, list[dict[str, Any]]] = {name: [] for name in procs}
         for round_no in range(max(1, args.repeat)):
             order = ["webhook", "null"] if round_no % 2 == 0 else ["null", "webhook"]
@@ -535,7 +532,7 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
                 other.send_signal(signal.SIGSTOP)
                 procs[name].send_signal(signal.SIGCONT)
                 cpu_before = cpu_seconds(procs[name].pid)
-                window = _window(urls[name], body, args, load_core, tmp)
+                window = _load(urls[name], body, args, load_core, tmp, args.seconds, args.rate)
                 window["cpu_s"] = cpu_seconds(procs[name].pid) - cpu_before
                 windows[name].append(window)
         for proc in procs.values():

@@ -34,7 +34,7 @@ from hami.placement.index import PlacementIndex
 from hami.placement.settings import PlacementSettings
 from hami.requests import DEFAULT_NAMES, GpuRequest, RequestError, ResourceNames, gpu_request
 from hami.state.ledger import Ledger, merge_overlays, needs
-from hami.state.model import DeviceUsage, Gpu, Node, ReservationItem, Snapshot
+from hami.state.model import DeviceUsage, Node, ReservationItem, Snapshot
 from hami.tasks import cancel_and_wait
 from hami.workloads import WorkloadError, pod_templates
 
@@ -108,10 +108,9 @@ def queued_pod(pod: Mapping[str, Any], gate: str, names: ResourceNames = DEFAULT
 
 def reservation_items(decision: Decision, request: GpuRequest, node: Node | None) -> tuple[ReservationItem, ...]:
     """The ledger items of a decision; capacities are what this replica saw promisable (as decide.py)."""
-    gpus = node.gpus if node is not None else ()
     items = []
     for device in decision.devices:
-        gpu = _gpu_with(gpus, device.uuid)
+        gpu = node.gpu(device.uuid) if node is not None else None
         items.append(
             ReservationItem(
                 node=decision.node or "",
@@ -124,14 +123,6 @@ def reservation_items(decision: Decision, request: GpuRequest, node: Node | None
             )
         )
     return tuple(items)
-
-
-def _gpu_with(gpus: Sequence[Gpu], uuid: str) -> Gpu | None:
-    # A scan, not a dict of the node's cards: a pod takes one or a few of its handful of cards.
-    for gpu in gpus:
-        if gpu.uuid == uuid:
-            return gpu
-    return None
 
 
 def usage_of(items: Sequence[ReservationItem]) -> dict[str, DeviceUsage]:

@@ -504,9 +504,9 @@ class PlacementIndex:
             u: v for u, v in overlay.items() if (a := applied.get(u)) is not v and a != v
         }
         changes.update((u, None) for u in applied if u not in overlay)
-        moved = self.apply_delta(changes) if changes else 0
+        refiled = self.apply_delta(changes) if changes else 0
         self.last_synced = overlay
-        return moved
+        return refiled
 
     def class_of(self, name: str) -> int:
         return self._class_of_node.get(name, -1)

@@ -30,8 +30,8 @@ class ShapeTracker:
             first = next((d for d in decision.devices if d.container_index == container.index), None)
             if first is None:
                 continue
-            # The card's size from the snapshot: a scan of the node's handful of cards, no dict.
-            total = next((g.memory_total_mib for g in node.gpus if g.uuid == first.uuid), 0) if node else 0
+            card = node.gpu(first.uuid) if node else None
+            total = card.memory_total_mib if card else 0
             memory_share = first.memory_mib * MILLI // total if total else MILLI
             core_share = container.cores * MILLI // 100 if container.cores else 0
             milli = min(MILLI, max(memory_share, core_share))

@@ -61,6 +61,13 @@ class Node:
     cpu_milli_free: int | None = None
     memory_mib_free: int | None = None
 
+    def gpu(self, uuid: str) -> Gpu | None:
+        """The card with this UUID: a scan, not a dict, for a node's handful of cards."""
+        for g in self.gpus:
+            if g.uuid == uuid:
+                return g
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
